@@ -1,0 +1,214 @@
+"""Streaming OpenAI-compatible chat client (httpx + httpx-sse) with per-request timings.
+
+Each frozen prompt is sent once per repeat; warmup requests come first and are not
+measured; concurrency is bounded by a semaphore; token counts come from the server's
+``usage``. Failure is data (``RequestRecord.error``). Timings use an injected monotonic
+clock (``time.perf_counter`` by default), never the wall clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+from httpx_sse import aconnect_sse
+
+from pytest_specsel.backends.protocol import ClientRun
+from pytest_specsel.backends.protocol import Progress
+from pytest_specsel.backends.protocol import WarmupError
+from pytest_specsel.measurement import RequestRecord
+from pytest_specsel.workloads import Prompt
+
+__all__ = ["HttpBenchClient", "stream_one"]
+
+Clock = Callable[[], float]
+
+
+def _payload(model: str, prompt: Prompt, max_tokens: int, temperature: float) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt.prompt}],
+        "max_tokens": prompt.max_tokens or max_tokens,
+        "temperature": temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        # vLLM returns the generated ids per chunk, so parity can name a token index.
+        "return_token_ids": True,
+    }
+
+
+async def stream_one(
+    client: httpx.AsyncClient,
+    url: str,
+    payload: dict[str, Any],
+    prompt: Prompt,
+    repeat: int,
+    scenario_start: float,
+    clock: Clock = time.perf_counter,
+    sink: list[RequestRecord] | None = None,
+) -> RequestRecord:
+    """Send one streaming request and time it.
+
+    On cancellation the partial record (what arrived, with ``error="cancelled"``) is
+    appended to ``sink`` before the ``CancelledError`` propagates.
+    """
+    start = clock()
+    ttft: float | None = None
+    last: float | None = None
+    itl: list[float] = []
+    text: list[str] = []
+    token_ids: list[int] = []
+    got_ids = False
+    usage: dict[str, Any] = {}
+    finish: str | None = None
+    error: str | None = None
+
+    def record(err: str | None) -> RequestRecord:
+        end = clock()
+        return RequestRecord(
+            request_id=prompt.request_id,
+            repeat=repeat,
+            prompt=prompt.prompt,
+            output_text="".join(text),
+            start_offset_s=start - scenario_start,
+            ttft_ms=None if ttft is None else (ttft - start) * 1000,
+            itl_ms=tuple(itl),
+            e2e_ms=(end - start) * 1000 if err is None else None,
+            prompt_tokens=usage.get("prompt_tokens"),
+            output_tokens=usage.get("completion_tokens"),
+            token_ids=tuple(token_ids) if got_ids else None,
+            finish_reason=finish,
+            error=err,
+        )
+
+    try:
+        async with aconnect_sse(client, "POST", url, json=payload) as source:
+            response = source.response
+            if response.status_code != 200:
+                body = (await response.aread()).decode("utf-8", "replace")[:500]
+                return record(f"HTTP {response.status_code}: {body}")
+            async for event in source.aiter_sse():
+                if event.data == "[DONE]":
+                    break
+                chunk = json.loads(event.data)
+                if "error" in chunk:
+                    error = f"server error: {chunk['error']}"
+                    break
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+                for choice in chunk.get("choices") or ():
+                    delta = (choice.get("delta") or {}).get("content") or ""
+                    ids = choice.get("token_ids")
+                    if ids is not None:
+                        got_ids = True
+                        token_ids.extend(ids)
+                    if choice.get("finish_reason"):
+                        finish = choice["finish_reason"]
+                    if not delta and not ids:
+                        continue
+                    now = clock()
+                    if ttft is None:
+                        ttft = now
+                    elif last is not None:
+                        itl.append((now - last) * 1000)
+                    last = now
+                    text.append(delta)
+    except asyncio.CancelledError:
+        if sink is not None:
+            sink.append(record("cancelled"))
+        raise
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        return record(f"{type(exc).__name__}: {exc}")
+    if error is None and ttft is None:
+        error = "empty stream: the server sent no content"
+    if error is None and usage.get("completion_tokens") is None:
+        error = "no usage: the server did not report completion_tokens"
+    return record(error)
+
+
+class HttpBenchClient:
+    """:class:`~pytest_specsel.backends.protocol.BenchClient` over HTTP."""
+
+    def __init__(
+        self,
+        clock: Clock = time.perf_counter,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._clock = clock
+        self._transport = transport
+
+    def run(
+        self,
+        base_url: str,
+        model: str,
+        prompts: Sequence[Prompt],
+        *,
+        concurrency: int,
+        warmup: int,
+        repeats: int,
+        max_tokens: int,
+        temperature: float,
+        timeout_s: float,
+        sink: list[RequestRecord] | None = None,
+        progress: Progress | None = None,
+    ) -> ClientRun:
+        return asyncio.run(
+            self._run(base_url, model, prompts, concurrency, warmup, repeats, max_tokens,
+                      temperature, timeout_s, sink if sink is not None else [], progress)
+        )
+
+    async def _run(
+        self,
+        base_url: str,
+        model: str,
+        prompts: Sequence[Prompt],
+        concurrency: int,
+        warmup: int,
+        repeats: int,
+        max_tokens: int,
+        temperature: float,
+        timeout_s: float,
+        sink: list[RequestRecord],
+        progress: Progress | None,
+    ) -> ClientRun:
+        url = base_url.rstrip("/") + "/v1/chat/completions"
+        timeout = httpx.Timeout(timeout_s, connect=10.0)
+        limits = httpx.Limits(max_connections=concurrency + 1)
+        async with httpx.AsyncClient(timeout=timeout, limits=limits, transport=self._transport) as client:
+            # Warmup: sequential, not measured; cycling is fine here, nothing is counted.
+            warm_errors = []
+            for i in range(warmup):
+                p = prompts[i % len(prompts)]
+                r = await stream_one(client, url, _payload(model, p, max_tokens, temperature), p, -1,
+                                     self._clock(), self._clock)
+                if not r.ok:
+                    warm_errors.append(r.error)
+            if warmup and len(warm_errors) == warmup:
+                raise WarmupError(
+                    f"specsel: all {warmup} warmup requests to {url} failed; first error: {warm_errors[0]}"
+                )
+            jobs = [(rep, p) for rep in range(repeats) for p in prompts]
+            gate = asyncio.Semaphore(concurrency)
+            done = 0
+            start = self._clock()
+
+            async def one(rep: int, p: Prompt) -> None:
+                nonlocal done
+                async with gate:
+                    r = await stream_one(client, url, _payload(model, p, max_tokens, temperature), p,
+                                         rep, start, self._clock, sink)
+                sink.append(r)
+                done += 1
+                if progress is not None:
+                    progress(done, len(jobs))
+
+            await asyncio.gather(*(one(rep, p) for rep, p in jobs))
+            duration = self._clock() - start
+        order = {(rep, p.request_id): i for i, (rep, p) in enumerate(jobs)}
+        ordered = sorted(sink, key=lambda r: order.get((r.repeat, r.request_id), len(order)))
+        return ClientRun(tuple(ordered), warmup, duration)

@@ -1,0 +1,192 @@
+"""Backend telemetry: vLLM's Prometheus spec-decode counters and peak memory samplers.
+
+Counters are parsed with ``prometheus_client``'s text parser and matched by exact sample
+name (with and without ``_total``); ``*_created`` timestamp series are ignored; values
+are summed over engines. Memory is NVML device memory on a GPU and the RSS of the
+server's process tree on a CPU, each labelled with what it measured.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from collections.abc import Iterable
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from pytest_specsel.backends.protocol import ServerHandle
+from pytest_specsel.measurement import MemoryReading
+from pytest_specsel.measurement import SpecCounters
+
+__all__ = [
+    "COUNTER_SOURCE",
+    "NvmlMemorySampler",
+    "PrometheusScraper",
+    "ProcessTreeRssSampler",
+    "parse_spec_counters",
+]
+
+COUNTER_SOURCE = "vllm_prometheus_counter_delta"
+_PREFIX = "vllm:spec_decode_"
+_NAMES = {
+    "num_drafts": "drafts",
+    "num_draft_tokens": "draft_tokens",
+    "num_accepted_tokens": "accepted_tokens",
+}
+_PER_POS = "num_accepted_tokens_per_pos"
+
+
+def _base_name(sample_name: str) -> str | None:
+    if not sample_name.startswith(_PREFIX) or sample_name.endswith("_created"):
+        return None
+    name = sample_name[len(_PREFIX):]
+    return name.removesuffix("_total")
+
+
+def parse_spec_counters(text: str) -> SpecCounters | None:
+    """Read the spec-decode counters from a ``/metrics`` page.
+
+    :return: sums over engines, or None when the page exports none of them (a
+        target-only server).
+    """
+    totals = {key: 0.0 for key in _NAMES.values()}
+    seen = False
+    per_pos: dict[int, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            base = _base_name(sample.name)
+            if base is None:
+                continue
+            if base in _NAMES:
+                totals[_NAMES[base]] += sample.value
+                seen = True
+            elif base == _PER_POS and "position" in sample.labels:
+                pos = int(sample.labels["position"])
+                per_pos[pos] = per_pos.get(pos, 0.0) + sample.value
+    if not seen:
+        return None
+    positions = tuple(per_pos.get(i, 0.0) for i in range(max(per_pos) + 1)) if per_pos else ()
+    return SpecCounters(totals["drafts"], totals["draft_tokens"], totals["accepted_tokens"], positions)
+
+
+class PrometheusScraper:
+    """:class:`~pytest_specsel.backends.protocol.MetricsScraper` for vLLM's ``/metrics``."""
+
+    def __init__(self, timeout_s: float = 10.0, transport: httpx.BaseTransport | None = None) -> None:
+        self._timeout = timeout_s
+        self._transport = transport
+
+    def scrape(self, base_url: str) -> SpecCounters | None:
+        with httpx.Client(timeout=self._timeout, transport=self._transport) as client:
+            response = client.get(base_url.rstrip("/") + "/metrics")
+            response.raise_for_status()
+            return parse_spec_counters(response.text)
+
+
+class _Sampler:
+    """Samples a reading function on a thread and keeps the peak."""
+
+    measured = "unknown"
+
+    def __init__(self, interval_s: float = 0.2) -> None:
+        self._interval = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._peak: float | None = None
+        self._samples = 0
+        self._baseline: float | None = None
+        self._read: Callable[[], float | None] = lambda: None
+
+    def _loop(self) -> None:
+        while True:
+            value = self._safe_read()
+            if value is not None:
+                self._samples += 1
+                self._peak = value if self._peak is None else max(self._peak, value)
+            if self._stop.wait(self._interval):
+                return
+
+    def _safe_read(self) -> float | None:
+        try:
+            return self._read()
+        except Exception:  # a process that exits mid-read is not a failed measurement
+            return None
+
+    def _begin(self, read: Callable[[], float | None]) -> None:
+        self._read = read
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="specsel-memory", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> MemoryReading:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        last = self._safe_read()
+        if last is not None:
+            self._samples += 1
+            self._peak = last if self._peak is None else max(self._peak, last)
+        return MemoryReading(self._peak, self.measured, self._samples, self._baseline)
+
+
+class ProcessTreeRssSampler(_Sampler):
+    """Peak summed RSS (MB) of the server's processes and all their children (CPU)."""
+
+    measured = "cpu_rss_server_process_tree"
+
+    def start(self, handle: ServerHandle) -> None:
+        import psutil
+
+        roots = [psutil.Process(pid) for pid in handle.pids()]
+
+        def read() -> float | None:
+            procs: list[psutil.Process] = []
+            for root in roots:
+                if root.is_running():
+                    procs.append(root)
+                    procs.extend(root.children(recursive=True))
+            return _sum_rss(procs) if procs else None
+
+        self._begin(read)
+
+
+def _sum_rss(procs: Iterable[object]) -> float:
+    total = 0
+    for proc in procs:
+        try:
+            total += proc.memory_info().rss  # type: ignore[attr-defined]
+        except Exception:
+            continue
+    return total / (1024 * 1024)
+
+
+class NvmlMemorySampler(_Sampler):
+    """Peak used device memory (MB) on one GPU through NVML (``nvidia-ml-py``)."""
+
+    measured = "nvml_device_used"
+
+    def __init__(self, index: int = 0, interval_s: float = 0.2) -> None:
+        super().__init__(interval_s)
+        self._index = index
+
+    def start(self, handle: ServerHandle) -> None:
+        import pynvml
+
+        pynvml.nvmlInit()
+        device = pynvml.nvmlDeviceGetHandleByIndex(self._index)
+
+        def read() -> float:
+            return float(pynvml.nvmlDeviceGetMemoryInfo(device).used) / (1024 * 1024)
+
+        self._begin(read)
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.5) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return predicate()

@@ -1,0 +1,80 @@
+"""Adoption decision from pair evidence and thresholds.
+
+Quality comes before performance: a parity failure rejects even a fast candidate.
+Acceptance rate explains a result and is never a gate by itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pytest_specsel.evidence import evidence_from_mapping
+from pytest_specsel.records import Decision
+from pytest_specsel.records import EvidenceStatus
+from pytest_specsel.records import GateCheck
+from pytest_specsel.records import PairEvidence
+from pytest_specsel.records import Thresholds
+from pytest_specsel.records import Verdict
+
+__all__ = ["decide", "decide_speculative_candidate", "gate_checks", "thresholds_from_mapping"]
+
+
+def gate_checks(evidence: PairEvidence, thresholds: Thresholds) -> tuple[GateCheck, ...]:
+    """Evaluate every performance gate of comparable evidence."""
+    assert evidence.throughput_speedup is not None and evidence.ttft_ratio is not None
+    assert evidence.e2e_p95_ratio is not None and evidence.candidate_peak_memory_mb is not None
+    rows = (
+        ("throughput_speedup", evidence.throughput_speedup, thresholds.min_throughput_speedup, ">="),
+        ("ttft_ratio", evidence.ttft_ratio, thresholds.max_ttft_regression_ratio, "<="),
+        ("e2e_p95_ratio", evidence.e2e_p95_ratio, thresholds.max_e2e_p95_regression_ratio, "<="),
+        ("peak_memory_mb", evidence.candidate_peak_memory_mb, thresholds.max_peak_memory_mb, "<="),
+    )
+    return tuple(
+        GateCheck(name, value, limit, op, value >= limit if op == ">=" else value <= limit)
+        for name, value, limit, op in rows
+    )
+
+
+def decide(evidence: PairEvidence, thresholds: Thresholds) -> Decision:
+    """not_evaluated / tune (incomplete, or a gate missed) / reject (quality) / accept."""
+    if evidence.status in (EvidenceStatus.NOT_EVALUATED, EvidenceStatus.INCOMPARABLE):
+        return Decision(Verdict.NOT_EVALUATED, f"evidence_{evidence.status.value}")
+    if evidence.status is EvidenceStatus.INCOMPLETE:
+        # Parity is known even when a metric is missing; a known failure still rejects.
+        if evidence.quality_ok is False:
+            return Decision(Verdict.REJECT, "quality_gate_failed")
+        return Decision(Verdict.TUNE, "collect_missing_evidence")
+    if evidence.quality_ok is not True:
+        return Decision(Verdict.REJECT, "quality_gate_failed")
+    gates = gate_checks(evidence, thresholds)
+    if all(g.passed for g in gates):
+        return Decision(Verdict.ACCEPT, "quality_and_net_benefit_passed", gates)
+    return Decision(Verdict.TUNE, "one_or_more_performance_gates_failed", gates)
+
+
+def thresholds_from_mapping(data: Mapping[str, Any]) -> Thresholds:
+    """Read the seed's threshold keys; a missing key keeps the contract default."""
+    default = Thresholds()
+    return Thresholds(
+        min_throughput_speedup=float(data.get("min_throughput_speedup", default.min_throughput_speedup)),
+        max_ttft_regression_ratio=float(
+            data.get("max_ttft_regression_ratio", default.max_ttft_regression_ratio)
+        ),
+        max_e2e_p95_regression_ratio=float(
+            data.get("max_e2e_p95_regression_ratio", default.max_e2e_p95_regression_ratio)
+        ),
+        max_peak_memory_mb=float(data.get("max_peak_memory_mb", default.max_peak_memory_mb)),
+    )
+
+
+def decide_speculative_candidate(
+    evidence: Mapping[str, Any], thresholds: Mapping[str, float]
+) -> dict[str, Any]:
+    """Dict face of :func:`decide`: ``{"decision", "reason", "missed_gates"}``."""
+    decision = decide(evidence_from_mapping(evidence), thresholds_from_mapping(thresholds))
+    return {
+        "decision": decision.verdict.value,
+        "reason": decision.reason,
+        "missed_gates": [g.name for g in decision.missed_gates],
+    }

@@ -1,0 +1,186 @@
+"""Measurement records: per-request timings, scenario figures, telemetry, memory.
+
+Raw timings come first; every figure is derived from them by a pure function here, so a
+reviewer can recompute a summary from the raw JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
+
+from pytest_specsel import stats
+
+__all__ = [
+    "MemoryReading",
+    "RequestRecord",
+    "ScenarioFigures",
+    "SpecCounters",
+    "SpecTelemetry",
+    "scenario_figures",
+    "telemetry_from_counters",
+]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One streamed request. Failure is data: ``error`` is set and figures may be None."""
+
+    request_id: str
+    repeat: int
+    prompt: str
+    output_text: str
+    #: seconds from the scenario's start to this request's send
+    start_offset_s: float
+    ttft_ms: float | None
+    #: gaps between consecutive content chunks (a chunk may carry several tokens)
+    itl_ms: tuple[float, ...]
+    e2e_ms: float | None
+    prompt_tokens: int | None
+    output_tokens: int | None
+    token_ids: tuple[int, ...] | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def tpot_ms(self) -> float | None:
+        """(E2E - TTFT) / (output tokens - 1), the usual definition; None below 2 tokens."""
+        if self.e2e_ms is None or self.ttft_ms is None or not self.output_tokens:
+            return None
+        if self.output_tokens < 2:
+            return None
+        return (self.e2e_ms - self.ttft_ms) / (self.output_tokens - 1)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SpecCounters:
+    """Cumulative spec-decode counters read from the backend, summed over engines."""
+
+    drafts: float
+    draft_tokens: float
+    accepted_tokens: float
+    accepted_per_position: tuple[float, ...] = ()
+
+    def minus(self, before: SpecCounters) -> SpecCounters:
+        positions = max(len(self.accepted_per_position), len(before.accepted_per_position))
+
+        def at(seq: Sequence[float], i: int) -> float:
+            return seq[i] if i < len(seq) else 0.0
+
+        return SpecCounters(
+            self.drafts - before.drafts,
+            self.draft_tokens - before.draft_tokens,
+            self.accepted_tokens - before.accepted_tokens,
+            tuple(
+                at(self.accepted_per_position, i) - at(before.accepted_per_position, i)
+                for i in range(positions)
+            ),
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SpecTelemetry:
+    """Mechanism telemetry over the measured window; None where the backend had none."""
+
+    drafts: float | None
+    draft_tokens: float | None
+    accepted_tokens: float | None
+    accepted_per_position: tuple[float, ...] | None
+    acceptance_rate: float | None
+    mean_accepted_length: float | None
+    #: per position i: accepted at i / drafts (the share of drafts whose i-th token survived)
+    acceptance_by_position: tuple[float, ...] | None
+    mechanism_active: bool | None
+    #: where the numbers came from, or why they are missing
+    source: str
+
+
+def telemetry_from_counters(
+    before: SpecCounters | None, after: SpecCounters | None, source: str
+) -> SpecTelemetry:
+    """Deltas over the window; ``not_exported`` when the server exports no counters."""
+    if before is None or after is None:
+        return SpecTelemetry(None, None, None, None, None, None, None, None, "not_exported")
+    delta = after.minus(before)
+    rate = delta.accepted_tokens / delta.draft_tokens if delta.draft_tokens else None
+    # One verified token per draft round plus the accepted ones, as vLLM reports it.
+    length = 1 + delta.accepted_tokens / delta.drafts if delta.drafts else None
+    by_pos = (
+        tuple(a / delta.drafts for a in delta.accepted_per_position) if delta.drafts else None
+    )
+    return SpecTelemetry(
+        drafts=delta.drafts,
+        draft_tokens=delta.draft_tokens,
+        accepted_tokens=delta.accepted_tokens,
+        accepted_per_position=delta.accepted_per_position,
+        acceptance_rate=rate,
+        mean_accepted_length=length,
+        acceptance_by_position=by_pos,
+        mechanism_active=delta.draft_tokens > 0,
+        source=source,
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MemoryReading:
+    """Peak memory over the measured window and what exactly was measured."""
+
+    peak_mb: float | None
+    #: e.g. "cpu_rss_server_process_tree" or "nvml_device_used"
+    measured: str
+    samples: int
+    #: memory before the server started (device used / host RSS baseline), when known
+    baseline_mb: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScenarioFigures:
+    """Per-scenario summary over successful measured requests."""
+
+    completed: int
+    failed: int
+    duration_s: float
+    output_tokens: int
+    output_token_throughput_per_s: float | None
+    request_throughput_per_s: float | None
+    latency: Mapping[str, float | None]
+    percentile_method: str
+
+    def get(self, key: str) -> float | None:
+        return self.latency.get(key)
+
+
+def scenario_figures(requests: Sequence[RequestRecord], duration_s: float) -> ScenarioFigures:
+    """Summarise measured requests; throughputs are over the measured window."""
+    ok = [r for r in requests if r.ok]
+    latency: dict[str, float | None] = {}
+    latency.update(stats.percentiles([r.ttft_ms for r in ok if r.ttft_ms is not None], "ttft_ms"))
+    latency.update(stats.percentiles([t for r in ok if (t := r.tpot_ms) is not None], "tpot_ms"))
+    latency.update(stats.percentiles([x for r in ok for x in r.itl_ms], "itl_ms"))
+    latency.update(stats.percentiles([r.e2e_ms for r in ok if r.e2e_ms is not None], "e2e_ms"))
+    tokens = sum(r.output_tokens or 0 for r in ok)
+    return ScenarioFigures(
+        completed=len(ok),
+        failed=len(requests) - len(ok),
+        duration_s=duration_s,
+        output_tokens=tokens,
+        output_token_throughput_per_s=tokens / duration_s if duration_s > 0 and ok else None,
+        request_throughput_per_s=len(ok) / duration_s if duration_s > 0 and ok else None,
+        latency=latency,
+        percentile_method=stats.METHOD,
+    )
+
+
+def request_to_json(r: RequestRecord) -> dict[str, Any]:
+    from pytest_specsel.records import to_json
+
+    data = to_json(r)
+    data["tpot_ms"] = r.tpot_ms
+    data["ok"] = r.ok
+    return data

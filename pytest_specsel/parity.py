@@ -1,0 +1,122 @@
+"""Temperature-0 output parity: a multiset comparison plus the first divergence.
+
+A verdict also says whether the baseline disagrees with itself at the same place, so
+bf16 near-ties (numerics) can be told apart from a mechanism that changes outputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Mapping
+from collections.abc import Sequence
+
+__all__ = ["Divergence", "ParityResult", "compare_outputs", "first_divergence"]
+
+_CONTEXT_CHARS = 40
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Divergence:
+    """Where two outputs for one request first differ."""
+
+    request_id: str
+    char_index: int
+    #: index of the first differing token when token ids were recorded, else None
+    token_index: int | None
+    expected_excerpt: str
+    actual_excerpt: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ParityResult:
+    """Parity of one side against a reference, request by request."""
+
+    quality_ok: bool
+    matched: int
+    total: int
+    #: request ids whose outputs differ, sorted
+    differing_request_ids: tuple[str, ...] = ()
+    first_divergence: Divergence | None = None
+
+    def describe(self) -> str:
+        if self.quality_ok:
+            return f"{self.matched}/{self.total} outputs identical"
+        text = f"{self.matched}/{self.total} outputs identical"
+        d = self.first_divergence
+        if d is not None:
+            token = f", token {d.token_index}" if d.token_index is not None else ""
+            text += (
+                f"; first divergence in {d.request_id!r} at char {d.char_index}{token}: "
+                f"expected {d.expected_excerpt!r}, got {d.actual_excerpt!r}"
+            )
+        return text
+
+
+def _first_diff(a: Sequence[object], b: Sequence[object]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def first_divergence(
+    request_id: str,
+    expected: str,
+    actual: str,
+    expected_tokens: Sequence[int] | None = None,
+    actual_tokens: Sequence[int] | None = None,
+) -> Divergence | None:
+    """Locate the first differing character (and token, when ids are known)."""
+    index = _first_diff(expected, actual)
+    if index is None:
+        return None
+    token_index = None
+    if expected_tokens is not None and actual_tokens is not None:
+        token_index = _first_diff(expected_tokens, actual_tokens)
+    start = max(0, index - 10)
+    return Divergence(
+        request_id,
+        index,
+        token_index,
+        expected[start : index + _CONTEXT_CHARS],
+        actual[start : index + _CONTEXT_CHARS],
+    )
+
+
+def compare_outputs(
+    reference: Mapping[str, str],
+    actual: Mapping[str, str],
+    prompts: Mapping[str, str],
+    reference_tokens: Mapping[str, Sequence[int]] | None = None,
+    actual_tokens: Mapping[str, Sequence[int]] | None = None,
+) -> ParityResult:
+    """Compare outputs keyed by request id, as a multiset of (prompt, output).
+
+    The verdict is the multiset equality the contract asks for; the per-request view
+    only locates the first divergence for a human.
+    """
+    ref_set = Counter((prompts.get(rid, rid), text) for rid, text in reference.items())
+    act_set = Counter((prompts.get(rid, rid), text) for rid, text in actual.items())
+    differing = sorted(
+        rid for rid in set(reference) | set(actual) if reference.get(rid) != actual.get(rid)
+    )
+    divergence = None
+    for rid in differing:
+        divergence = first_divergence(
+            rid,
+            reference.get(rid, ""),
+            actual.get(rid, ""),
+            (reference_tokens or {}).get(rid),
+            (actual_tokens or {}).get(rid),
+        )
+        if divergence is not None:
+            break
+    total = max(len(reference), len(actual))
+    return ParityResult(
+        quality_ok=ref_set == act_set and bool(reference),
+        matched=total - len(differing),
+        total=total,
+        differing_request_ids=tuple(differing),
+        first_divergence=divergence,
+    )
