@@ -1,0 +1,61 @@
+"""Run a selection without pytest: preflight, then every runnable group on every scenario.
+
+    python benchmarks/run_selection.py --device cpu --groups g0_target_only,g1_ngram --label X
+
+Writes the same files as the plugin (manifest, handoff, summaries, raw, logs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pytest_specsel.artifacts import claim_label
+from pytest_specsel.artifacts import default_label
+from pytest_specsel.backends.real import make_vllm_backend
+from pytest_specsel.records import RunStatus
+from pytest_specsel.runner import Selection
+from pytest_specsel.study import GROUPS
+from pytest_specsel.study import load_study
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--config", type=Path, default=None)
+    parser.add_argument("--label", default=None)
+    parser.add_argument("--groups", default=",".join(GROUPS[:2]), help="comma-separated groups to launch")
+    parser.add_argument("--scenarios", default="", help="comma-separated scenario keys (default: all)")
+    args = parser.parse_args()
+    root = Path.cwd()
+    study = load_study(args.config, root)
+    label = args.label or study.run_label or default_label()
+    paths = claim_label(study.results_dir, label, "--label")
+    bundle = make_vllm_backend(args.device, root)
+    run = Selection(study, bundle, paths, real=True, device=args.device, say=lambda m: print(m, flush=True))
+    try:
+        run.preflight()
+        for group, state in run.groups.items():
+            print(f"{group}: {state.admission.status.value}: {state.admission.reason} ({state.admission.detail})")
+        keys = [k for k in args.scenarios.split(",") if k] or [s.key for s in run.scenarios]
+        for group in args.groups.split(","):
+            if run.groups[group].run_status is not RunStatus.RUNNABLE:
+                continue
+            handle = run.start_group(group, keys)
+            try:
+                for key in keys:
+                    run.measure(group, handle, key)
+            finally:
+                run.stop_group(group, handle)
+    except KeyboardInterrupt:
+        run.interrupted = True
+        raise
+    finally:
+        files = run.finish()
+        print(f"manifest: {files['manifest']}\nhandoff: {files['handoff']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""In-memory backend for tests of the glue: scripted capability, servers and figures.
+
+Nothing here is used by a real run. The scripts are per group, so a test can make G1
+fast, slow, divergent, failing to launch, or silent on telemetry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pytest_specsel.backends.protocol import AssetFacts
+from pytest_specsel.backends.protocol import BackendBundle
+from pytest_specsel.backends.protocol import Capability
+from pytest_specsel.backends.protocol import ClientRun
+from pytest_specsel.backends.protocol import LaunchError
+from pytest_specsel.backends.protocol import LaunchSpec
+from pytest_specsel.backends.protocol import MemorySampler
+from pytest_specsel.backends.protocol import Progress
+from pytest_specsel.backends.protocol import ServerHandle
+from pytest_specsel.measurement import MemoryReading
+from pytest_specsel.measurement import RequestRecord
+from pytest_specsel.measurement import SpecCounters
+from pytest_specsel.study import Strategy
+from pytest_specsel.study import Study
+from pytest_specsel.workloads import Prompt
+
+__all__ = ["FakeScript", "fake_bundle"]
+
+
+@dataclasses.dataclass
+class FakeScript:
+    """How one group behaves."""
+
+    #: seconds per output token (lower = faster)
+    token_s: float = 0.01
+    ttft_s: float = 0.05
+    output_tokens: int = 16
+    #: request ids whose output differs from the baseline's
+    diverge: Sequence[str] = ()
+    launch_fails: bool = False
+    #: spec-decode counters exported (None = a target-only or silent server)
+    acceptance: float | None = 0.6
+    peak_mb: float = 1000.0
+    request_fails: bool = False
+
+
+class _Handle:
+    def __init__(self, world: _World, group: str, log_path: Path) -> None:
+        self.world = world
+        self.group = group
+        self.base_url = f"fake://{group}"
+        self.log_path = log_path
+        self.stopped = False
+        self.counters = SpecCounters(0.0, 0.0, 0.0, ())
+
+    def pids(self) -> list[int]:
+        return []
+
+    def log_tail(self, lines: int = 40) -> str:
+        return f"fake log of {self.group}"
+
+    def stop(self) -> None:
+        if not self.stopped:
+            self.stopped = True
+            self.world.alive.remove(self.group)
+            self.world.events.append(f"stop {self.group}")
+
+
+class _World:
+    def __init__(self, scripts: Mapping[str, FakeScript], capability: Capability,
+                 assets: Mapping[str, AssetFacts]) -> None:
+        self.scripts = scripts
+        self.capability = capability
+        self.assets = assets
+        self.alive: list[str] = []
+        self.events: list[str] = []
+        self.max_alive = 0
+        self.handles: dict[str, _Handle] = {}
+
+    def script(self, group: str) -> FakeScript:
+        return self.scripts.get(group.split("@")[0], FakeScript())
+
+
+class _Prober:
+    def __init__(self, world: _World) -> None:
+        self.world = world
+
+    def probe(self) -> Capability:
+        return self.world.capability
+
+    def inspect(self, study: Study, strategy: Strategy, capability: Capability) -> AssetFacts:
+        default = AssetFacts("/fake/target", "fake-rev-1", None, None, True, True, False, 1.0, 10.0,
+                             {"asset": "fake target"})
+        if strategy.family in ("mtp", "eagle", "dflash", "dspark"):
+            default = dataclasses.replace(default, asset_ready=False,
+                                          details={"asset": f"no {strategy.family} asset (fake)"})
+        return self.world.assets.get(strategy.group, default)
+
+    def wait_released(self, timeout_s: float) -> bool:
+        return True
+
+
+class _Launcher:
+    def __init__(self, world: _World) -> None:
+        self.world = world
+
+    def start(self, spec: LaunchSpec) -> ServerHandle:
+        w = self.world
+        w.events.append(f"start {spec.group}")
+        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        spec.log_path.write_text(f"fake server {spec.group} {dict(spec.speculative_config or {})}\n")
+        if w.script(spec.group).launch_fails:
+            raise LaunchError(f"specsel: fake launch of {spec.group} failed", spec.log_path, "boom")
+        w.alive.append(spec.group)
+        w.max_alive = max(w.max_alive, len(w.alive))
+        handle = _Handle(w, spec.group, spec.log_path)
+        w.handles[spec.group] = handle
+        return handle
+
+
+class _Client:
+    def __init__(self, world: _World) -> None:
+        self.world = world
+
+    def run(self, base_url: str, model: str, prompts: Sequence[Prompt], *, concurrency: int,
+            warmup: int, repeats: int, max_tokens: int, temperature: float, timeout_s: float,
+            sink: list[RequestRecord] | None = None, progress: Progress | None = None) -> ClientRun:
+        group = base_url.removeprefix("fake://")
+        handle = self.world.handles[group]
+        script = self.world.script(group)
+        records = []
+        n = script.output_tokens
+        for rep in range(repeats):
+            for i, p in enumerate(prompts):
+                text = f"answer to {p.request_id}"
+                if p.request_id in script.diverge:
+                    text += " (changed)"
+                e2e = script.ttft_s + script.token_s * (n - 1)
+                records.append(RequestRecord(
+                    p.request_id, rep, p.prompt, text, i * 0.001, script.ttft_s * 1000,
+                    tuple([script.token_s * 1000] * (n - 1)), e2e * 1000, 10, n,
+                    error="fake request failure" if script.request_fails else None,
+                ))
+        if sink is not None:
+            sink.extend(records)
+        if script.acceptance is not None and not group.startswith("g0"):
+            drafts = float(len(records) * 4)
+            c = handle.counters
+            handle.counters = SpecCounters(
+                c.drafts + drafts, c.draft_tokens + drafts * 5,
+                c.accepted_tokens + drafts * 5 * script.acceptance, ())
+        duration = len(records) * (script.ttft_s + script.token_s * (n - 1)) / concurrency
+        return ClientRun(tuple(records), warmup, duration)
+
+
+class _Scraper:
+    def __init__(self, world: _World) -> None:
+        self.world = world
+
+    def scrape(self, base_url: str) -> SpecCounters | None:
+        group = base_url.removeprefix("fake://")
+        if group.startswith("g0") or self.world.script(group).acceptance is None:
+            return None
+        return self.world.handles[group].counters
+
+
+class _Memory:
+    def __init__(self, world: _World) -> None:
+        self.world = world
+        self.group = ""
+
+    def start(self, handle: ServerHandle) -> None:
+        self.group = handle.base_url.removeprefix("fake://")
+
+    def stop(self) -> MemoryReading:
+        return MemoryReading(self.world.script(self.group).peak_mb, "fake", 3)
+
+
+def fake_bundle(
+    scripts: Mapping[str, FakeScript] | None = None,
+    *,
+    methods: Sequence[str] = ("ngram", "mtp", "eagle", "eagle3", "dflash", "dspark"),
+    version: str = "0.32.0",
+    assets: Mapping[str, AssetFacts] | None = None,
+    capability_error: str | None = None,
+) -> tuple[BackendBundle, Any]:
+    """A bundle plus its world (``.events``, ``.max_alive``) for assertions."""
+    capability = Capability("vllm", ("fake-vllm",), version, True, tuple(methods), "cpu", "fake cpu",
+                            16000.0, {"python": "3.11", "fake": True}, capability_error)
+    world = _World(scripts or {}, capability, assets or {})
+
+    def memory() -> MemorySampler:
+        return _Memory(world)
+
+    bundle = BackendBundle("fake", _Prober(world), _Launcher(world), _Client(world), _Scraper(world),
+                           memory)
+    return bundle, world

@@ -1,0 +1,110 @@
+"""What a candidate test's pytest outcome is, from its run state: a pure mapping.
+
+| state                                                  | outcome                        |
+| ------------------------------------------------------ | ------------------------------ |
+| skipped / unsupported / asset_missing / incompatible / | skip "<status>: <reason> (..)" |
+| capacity_blocked / not requested                       |                                |
+| failed launch or requests                              | fail, with the backend log tail|
+| baseline missing (not_evaluated)                       | skip                           |
+| incomparable                                           | fail, naming the fields        |
+| reject (parity)                                        | fail, first divergence         |
+| incomplete evidence                                    | xfail, naming what is missing  |
+| tune (a gate missed)                                   | xfail (fail under --strict)    |
+| accept / baseline measured                             | pass                           |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from typing import Any
+
+from pytest_specsel.records import Admission
+from pytest_specsel.records import Decision
+from pytest_specsel.records import EvidenceStatus
+from pytest_specsel.records import PairEvidence
+from pytest_specsel.records import RunStatus
+from pytest_specsel.records import Verdict
+
+__all__ = ["Outcome", "OutcomeKind", "admission_outcome", "scenario_outcome"]
+
+
+class OutcomeKind(enum.StrEnum):
+    PASS = "pass"
+    SKIP = "skip"
+    XFAIL = "xfail"
+    FAIL = "fail"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Outcome:
+    kind: OutcomeKind
+    message: str
+    #: key figures and states for reports (json-report metadata, user_properties)
+    facts: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def admission_outcome(group: str, admission: Admission) -> Outcome:
+    """A group that will not be launched: skip with the status, reason and detail."""
+    detail = f" ({admission.detail})" if admission.detail else ""
+    kind = OutcomeKind.FAIL if admission.status is RunStatus.FAILED else OutcomeKind.SKIP
+    return Outcome(kind, f"{admission.status.value}: {admission.reason}{detail}",
+                   {"group": group, "run_status": admission.status.value, "reason": admission.reason})
+
+
+def scenario_outcome(
+    group: str,
+    scenario: str,
+    *,
+    is_baseline: bool,
+    run_status: RunStatus,
+    error: str | None,
+    log_tail: str,
+    evidence: PairEvidence | None,
+    decision: Decision | None,
+    parity_text: str | None,
+    baseline_self_diverges: bool | None,
+    strict: bool,
+    facts: Mapping[str, Any],
+) -> Outcome:
+    """Outcome of one measured (or attempted) scenario."""
+    if run_status is RunStatus.FAILED:
+        return Outcome(
+            OutcomeKind.FAIL,
+            f"failed: {group} {scenario}: {error}\n--- backend log tail ---\n{log_tail}",
+            facts,
+        )
+    if is_baseline or evidence is None or decision is None:
+        return Outcome(OutcomeKind.PASS, f"{group} {scenario} measured", facts)
+    if evidence.status is EvidenceStatus.NOT_EVALUATED:
+        return Outcome(
+            OutcomeKind.SKIP,
+            f"not_evaluated: no completed target-only baseline for {scenario} "
+            f"(missing {', '.join(evidence.missing_evidence)})",
+            facts,
+        )
+    if evidence.status is EvidenceStatus.INCOMPARABLE:
+        return Outcome(
+            OutcomeKind.FAIL,
+            f"incomparable: fixed fields differ from the baseline: {', '.join(evidence.mismatches)}",
+            facts,
+        )
+    if decision.verdict is Verdict.REJECT:
+        numerics = {
+            True: "the baseline also diverges from itself on this request: numerics, not the mechanism",
+            False: "the baseline reproduces itself on this request: the mechanism changed the output",
+            None: "no baseline self-check for this request",
+        }[baseline_self_diverges]
+        return Outcome(OutcomeKind.FAIL, f"reject: parity failed: {parity_text}; {numerics}", facts)
+    if evidence.status is EvidenceStatus.INCOMPLETE:
+        return Outcome(
+            OutcomeKind.XFAIL,
+            f"tune: incomplete evidence, missing {', '.join(evidence.missing_evidence)}",
+            facts,
+        )
+    if decision.verdict is Verdict.TUNE:
+        missed = "; ".join(g.describe() for g in decision.missed_gates)
+        kind = OutcomeKind.FAIL if strict else OutcomeKind.XFAIL
+        return Outcome(kind, f"tune: performance gate(s) missed: {missed}", facts)
+    return Outcome(OutcomeKind.PASS, f"accept: {decision.reason}", facts)
