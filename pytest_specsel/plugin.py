@@ -41,7 +41,7 @@ def pytest_configure(config: pytest.Config) -> None:
     session = SpecselSession(config, resolve_settings(config))
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(session, "specsel-session")
-    if config.pluginmanager.hasplugin("json-report"):
+    if config.pluginmanager.hasplugin("pytest_jsonreport"):
         from pytest_specsel.reporting import JsonReportHooks
 
         config.pluginmanager.register(JsonReportHooks(session), "specsel-json-report")

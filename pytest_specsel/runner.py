@@ -315,26 +315,20 @@ class Selection:
         sampler = self.bundle.memory()
         sampler.start(handle)
         sink: list[RequestRecord] = []
-        requests: tuple[RequestRecord, ...] = ()
-        duration, error = 0.0, None
-        memory = None
-        after: SpecCounters | None = None
         self_requests: tuple[RequestRecord, ...] = ()
+        interrupt: KeyboardInterrupt | None = None
         try:
             requests, duration, error = self._pass(name, handle, scenario, "measured", sink,
-                                                  self.study.warmup)
-        finally:
-            memory = sampler.stop()
-            after, after_error = self._scrape(handle)
-            scrape_error = scrape_error or after_error
-            if error is None and any(not r.ok for r in requests):
-                bad = [r for r in requests if not r.ok]
-                error = f"{len(bad)} of {len(requests)} requests failed; first: {bad[0].error}"
-            if not requests and sink:
-                requests = tuple(sink)
-            partial = self.interrupted
-            if partial:
-                error = error or "interrupted"
+                                                   self.study.warmup)
+        except KeyboardInterrupt as exc:
+            # Keep what arrived, write it below, then let the interrupt go on.
+            interrupt, requests, duration, error = exc, tuple(sink), 0.0, "interrupted"
+        memory = sampler.stop()
+        after, after_error = self._scrape(handle)
+        scrape_error = scrape_error or after_error
+        if error is None and any(not r.ok for r in requests):
+            bad = [r for r in requests if not r.ok]
+            error = f"{len(bad)} of {len(requests)} requests failed; first: {bad[0].error}"
         self_check = None
         if baseline and self.study.baseline_self_check and error is None:
             self_sink: list[RequestRecord] = []
@@ -361,6 +355,8 @@ class Selection:
             state.scenarios[scenario.key] = result
         self._write_raw(result, self_requests)
         self.timings[f"{name}.{scenario.key}.measure_s"] = time.monotonic() - t0
+        if interrupt is not None:
+            raise interrupt
         return result
 
     def _summary(self, name: str, track: str, scenario: Scenario, status: RunStatus, baseline: bool,

@@ -133,15 +133,14 @@ class SpecselSession:
         return GroupServer(group, handle)
 
     def close_group(self, server: GroupServer) -> None:
-        if server.handle is not None and self.selection is not None:
-            self.active.pop(server.group, None)
+        if server.handle is not None and self.selection is not None and server.group in self.active:
+            del self.active[server.group]
             self.selection.stop_group(server.group, server.handle)
 
     def stop_all(self) -> None:
         """Safety net at session end (interrupts included): no server outlives pytest."""
         for group, handle in list(self.active.items()):
-            handle.stop()
-            self.active.pop(group, None)
+            self.close_group(GroupServer(group, handle))
 
     # -- cases -----------------------------------------------------------------------
     def run_case(self, server: GroupServer, case: CaseParam) -> Outcome:

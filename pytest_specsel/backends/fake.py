@@ -46,6 +46,8 @@ class FakeScript:
     acceptance: float | None = 0.6
     peak_mb: float = 1000.0
     request_fails: bool = False
+    #: raise KeyboardInterrupt after half the requests of a scenario (a Ctrl-C)
+    interrupt: bool = False
 
 
 class _Handle:
@@ -145,6 +147,10 @@ class _Client:
                     tuple([script.token_s * 1000] * (n - 1)), e2e * 1000, 10, n,
                     error="fake request failure" if script.request_fails else None,
                 ))
+        if script.interrupt:
+            if sink is not None:
+                sink.extend(records[: len(records) // 2])
+            raise KeyboardInterrupt
         if sink is not None:
             sink.extend(records)
         if script.acceptance is not None and not group.startswith("g0"):

