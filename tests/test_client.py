@@ -1,0 +1,173 @@
+"""The streaming client against a scripted transport and a scripted clock."""
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from pytest_specsel.backends.client import HttpBenchClient
+from pytest_specsel.backends.client import stream_one
+from pytest_specsel.backends.protocol import WarmupError
+from pytest_specsel.workloads import Prompt
+
+
+SSE_HEADERS = {"content-type": "text/event-stream"}
+
+
+class ScriptedClock:
+    """Each call returns the next scripted time."""
+
+    def __init__(self, times):
+        self.times = list(times)
+        self.calls = 0
+
+    def __call__(self):
+        value = self.times[min(self.calls, len(self.times) - 1)]
+        self.calls += 1
+        return value
+
+
+def sse(*chunks, done=True):
+    body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks)
+    if done:
+        body += "data: [DONE]\n\n"
+    return body.encode()
+
+
+def content(text, ids=None, finish=None):
+    choice = {"index": 0, "delta": {"content": text}, "finish_reason": finish}
+    if ids is not None:
+        choice["token_ids"] = ids
+    return {"choices": [choice]}
+
+
+def usage(n):
+    return {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": n}}
+
+
+def transport(body, status=200, seen=None):
+    def handler(request):
+        if seen is not None:
+            seen.append(json.loads(request.content))
+        return httpx.Response(status, content=body, headers=SSE_HEADERS)
+    return httpx.MockTransport(handler)
+
+
+async def _one(body, clock, status=200):
+    async with httpx.AsyncClient(transport=transport(body, status)) as client:
+        return await stream_one(client, "http://x/v1/chat/completions", {}, Prompt("r1", "p"), 0, 0.0, clock)
+
+
+def test_latency_minus_ttft_is_the_sum_of_inter_token_latencies():
+    body = sse(content("A", [1]), content("B", [2]), content("C D", [3, 4], "stop"), usage(4))
+    # start, chunk A, chunk B, chunk CD, usage (same instant as the last chunk)
+    clock = ScriptedClock([10.0, 10.2, 10.25, 10.4, 10.4])
+    r = asyncio.run(_one(body, clock))
+    assert r.ok and r.output_text == "ABC D" and r.token_ids == (1, 2, 3, 4)
+    assert r.ttft_ms == pytest.approx(200.0)
+    assert r.itl_ms == pytest.approx((50.0, 150.0))
+    assert r.e2e_ms - r.ttft_ms == pytest.approx(sum(r.itl_ms))
+    assert r.output_tokens == 4 and r.tpot_ms == pytest.approx(200.0 / 3)
+
+
+def test_a_usage_chunk_after_the_last_token_extends_e2e_by_its_gap():
+    body = sse(content("A", [1]), content("B", [2], "stop"), usage(2))
+    r = asyncio.run(_one(body, ScriptedClock([0.0, 0.1, 0.3, 0.35])))
+    assert r.e2e_ms - r.ttft_ms - sum(r.itl_ms) == pytest.approx(50.0)
+
+
+def test_an_empty_stream_is_an_error():
+    r = asyncio.run(_one(sse(usage(0)), ScriptedClock([0.0, 1.0])))
+    assert r.error == "empty stream: the server sent no content"
+    assert not r.ok and r.e2e_ms is None
+
+
+def test_missing_usage_is_an_error_not_a_guess():
+    r = asyncio.run(_one(sse(content("A", [1], "stop")), ScriptedClock([0.0, 0.1])))
+    assert r.error == "no usage: the server did not report completion_tokens"
+    assert r.output_tokens is None
+
+
+def test_http_errors_are_data():
+    r = asyncio.run(_one(b'{"error": "model not found"}', ScriptedClock([0.0]), status=404))
+    assert r.error.startswith("HTTP 404: ") and "model not found" in r.error
+
+
+def test_a_server_error_event_is_data():
+    r = asyncio.run(_one(sse({"error": {"message": "boom"}}), ScriptedClock([0.0, 0.1])))
+    assert r.error == "server error: {'message': 'boom'}"
+
+
+def test_cancel_keeps_the_partial_stream():
+    arrived = asyncio.Event()
+
+    async def body():
+        yield f"data: {json.dumps(content('Hel', [1]))}\n\n".encode()
+        yield f"data: {json.dumps(content('lo', [2]))}\n\n".encode()
+        arrived.set()
+        await asyncio.sleep(3600)
+
+    async def main():
+        sink = []
+        tp = httpx.MockTransport(lambda request: httpx.Response(200, content=body(), headers=SSE_HEADERS))
+        async with httpx.AsyncClient(transport=tp) as client:
+            task = asyncio.create_task(stream_one(client, "http://x", {}, Prompt("r1", "p"), 0, 0.0,
+                                                  ScriptedClock([0.0, 0.1, 0.2, 0.3]), sink))
+            await asyncio.wait_for(arrived.wait(), 5)
+            await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        return sink
+
+    sink = asyncio.run(main())
+    assert len(sink) == 1
+    assert (sink[0].output_text, sink[0].error, sink[0].token_ids) == ("Hello", "cancelled", (1, 2))
+
+
+class TestRun:
+    prompts = [Prompt(f"r{i}", f"prompt {i}") for i in range(3)]
+
+    def test_each_prompt_once_per_repeat_in_order_with_warmup_excluded(self):
+        seen = []
+        client = HttpBenchClient(transport=transport(sse(content("x", [7]), usage(1)), seen=seen))
+        run = client.run("http://x", "m", self.prompts, concurrency=2, warmup=2, repeats=2, max_tokens=8,
+                         temperature=0.0, timeout_s=5)
+        assert [(r.repeat, r.request_id) for r in run.requests] == [
+            (0, "r0"), (0, "r1"), (0, "r2"), (1, "r0"), (1, "r1"), (1, "r2")]
+        assert len(seen) == 2 + 6 and run.warmup_requests == 2
+        assert {s["temperature"] for s in seen} == {0.0}
+        assert seen[0]["stream"] is True and seen[0]["stream_options"] == {"include_usage": True}
+        assert seen[0]["max_tokens"] == 8
+
+    def test_a_prompts_own_max_tokens_wins(self):
+        seen = []
+        client = HttpBenchClient(transport=transport(sse(content("x"), usage(1)), seen=seen))
+        client.run("http://x", "m", [Prompt("a", "p", max_tokens=3)], concurrency=1, warmup=0, repeats=1,
+                   max_tokens=8, temperature=0.0, timeout_s=5)
+        assert seen[0]["max_tokens"] == 3
+
+    def test_all_warmups_failing_stops_the_run(self):
+        client = HttpBenchClient(transport=transport(b"nope", status=500))
+        with pytest.raises(WarmupError, match="all 2 warmup requests .* failed; first error: HTTP 500"):
+            client.run("http://x", "m", self.prompts, concurrency=1, warmup=2, repeats=1, max_tokens=8,
+                       temperature=0.0, timeout_s=5)
+
+    def test_concurrency_is_bounded(self):
+        active, peak = 0, 0
+
+        async def body():
+            nonlocal active, peak
+            active += 1
+            peak = max(peak, active)
+            await asyncio.sleep(0.02)
+            active -= 1
+            yield sse(content("x"), usage(1))
+
+        client = HttpBenchClient(transport=httpx.MockTransport(lambda r: httpx.Response(200, content=body(), headers=SSE_HEADERS)))
+        prompts = [Prompt(f"r{i}", "p") for i in range(8)]
+        run = client.run("http://x", "m", prompts, concurrency=3, warmup=0, repeats=1, max_tokens=8,
+                         temperature=0.0, timeout_s=5)
+        assert len(run.requests) == 8 and all(r.ok for r in run.requests)
+        assert peak == 3

@@ -1,0 +1,146 @@
+"""The study file: defaults, merging, and the preflight audit's messages."""
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pytest_specsel.study import GROUPS
+from pytest_specsel.study import StudyError
+from pytest_specsel.study import load_study
+from pytest_specsel.workloads import WorkloadError
+from pytest_specsel.workloads import load_workload
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path, text, name="specsel.toml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_defaults_are_the_chapters(tmp_path):
+    study = load_study(None, tmp_path)
+    assert study.target_model == "Qwen/Qwen2.5-1.5B-Instruct"
+    assert (study.num_prompts, study.warmup, study.repeats, study.max_tokens) == (8, 2, 1, 64)
+    assert study.temperature == 0.0 and study.num_speculative_tokens == 5
+    assert [s.group for s in study.strategies] == list(GROUPS)
+    assert study.strategy("g1_ngram").options == {"prompt_lookup_min": 3, "prompt_lookup_max": 5}
+    assert study.strategy("g4_dflash").min_backend_version == "0.25.1"
+    assert study.gates.min_throughput_speedup == 1.10
+
+
+def test_the_repos_cpu_study_loads_and_its_workloads_validate():
+    study = load_study(None, REPO)
+    assert study.backend.dtype == "float32"
+    for name, path in study.workloads.items():
+        workload = load_workload(name, path, study.num_prompts)
+        assert len(workload.prompts) == 8
+
+
+def test_pyproject_tool_table_is_read(tmp_path):
+    write(tmp_path, """
+        [project]
+        name = "x"
+        [tool.specsel.run]
+        max_tokens = 32
+    """, "pyproject.toml")
+    assert load_study(None, tmp_path).max_tokens == 32
+
+
+def test_a_strategy_override_keeps_the_other_defaults(tmp_path):
+    write(tmp_path, """
+        [specsel.strategies.g3_eagle]
+        asset = "/models/eagle3"
+    """)
+    g3 = load_study(None, tmp_path).strategy("g3_eagle")
+    assert (g3.asset, g3.method, g3.family) == ("/models/eagle3", "eagle3", "eagle")
+
+
+@pytest.mark.parametrize("body,line,needle", [
+    ("[specsel]\nrun_label = \"a b\"\n", 2, "run_label: 'a b' may only use letters"),
+    ("[specsel.backend]\ngpu_memory_utilization = 1.0\n", 2, "must lie strictly between 0 and 1"),
+    ("[specsel.run]\nwarmup = -1\n", 2, "run.warmup: -1 must be >= 0"),
+    ("[specsel.run]\nconcurrency = [1, 0]\n", 2, "run.concurrency: 0 must be a positive integer"),
+    ("[specsel.run]\nnum_prompts = 0\n", 2, "run.num_prompts: 0 must be a positive integer"),
+    ("[specsel.run]\n\ntemperature = 0.7\n", 3, "exact-match parity only holds at temperature 0"),
+    ("[specsel.strategies.g1_ngram]\noptions = {prompt_lookup_min = 5, prompt_lookup_max = 3}\n", 2,
+     "need 1 <= min <= max"),
+    ("[specsel.strategies.g9_medusa]\nenabled = true\n", 1, "the identities are fixed"),
+    ("[specsel.run]\nmax_tokns = 3\n", 2, "unknown key 'max_tokns'; accepted keys: "),
+    ("[specsel.strategies.g3_eagle]\nfamily = \"dflash\"\n", 2, "is family 'dflash', but g3_eagle is the 'eagle' slot"),
+    ("[specsel.strategies.g2_mtp]\nfamily = \"medusa\"\n", 2, "unknown speculative family 'medusa'"),
+])
+def test_audit_errors_name_file_line_key_and_form(tmp_path, body, line, needle):
+    path = write(tmp_path, body)
+    with pytest.raises(StudyError) as info:
+        load_study(None, tmp_path)
+    message = str(info.value)
+    assert message.startswith(f"specsel: {path}:{line}: specsel.")
+    assert needle in message
+
+
+def test_exact_match_can_be_waived_above_temperature_zero(tmp_path):
+    write(tmp_path, "[specsel.run]\ntemperature = 0.7\nrequire_exact_match_at_t0 = false\n")
+    assert load_study(None, tmp_path).temperature == 0.7
+
+
+def test_a_missing_config_path_is_named(tmp_path):
+    with pytest.raises(StudyError, match="--specsel-config .*nope.toml.*no such file"):
+        load_study(tmp_path / "nope.toml", tmp_path)
+
+
+def test_bad_toml_is_reported_with_the_file(tmp_path):
+    path = write(tmp_path, "[specsel\n")
+    with pytest.raises(StudyError, match=f"{path}: not valid TOML"):
+        load_study(None, tmp_path)
+
+
+class TestWorkloads:
+    def lines(self, tmp_path, *rows):
+        path = tmp_path / "w.jsonl"
+        path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")
+        return path
+
+    def test_duplicates_name_both_lines(self, tmp_path):
+        path = self.lines(tmp_path, {"request_id": "a", "prompt": "x"}, {"request_id": "a", "prompt": "y"})
+        with pytest.raises(WorkloadError, match=f"{path}:2: duplicate request_id 'a' \\(first at line 1\\)"):
+            load_workload("w", path)
+
+    def test_bad_json_names_the_line(self, tmp_path):
+        path = self.lines(tmp_path, {"request_id": "a", "prompt": "x"}, "{oops")
+        with pytest.raises(WorkloadError, match=f"{path}:2: not valid JSON"):
+            load_workload("w", path)
+
+    @pytest.mark.parametrize("row,needle", [
+        ({"request_id": "", "prompt": "x"}, "'request_id' must be a non-empty string"),
+        ({"request_id": "a", "prompt": 3}, "'prompt' must be a non-empty string"),
+        ({"request_id": "a", "prompt": "x", "max_tokens": 0}, "'max_tokens' must be a positive integer"),
+        ({"request_id": "a", "prompt": "x", "temp": 1}, "unknown key(s) ['temp']"),
+    ])
+    def test_fields_are_checked(self, tmp_path, row, needle):
+        path = self.lines(tmp_path, row)
+        with pytest.raises(WorkloadError) as info:
+            load_workload("w", path)
+        assert f"{path}:1:" in str(info.value) and needle in str(info.value)
+
+    def test_prompts_are_never_cycled_to_reach_a_count(self, tmp_path):
+        path = self.lines(tmp_path, {"request_id": "a", "prompt": "x"})
+        with pytest.raises(WorkloadError, match="num_prompts = 3 but .* has only 1 prompts; prompts are never cycled"):
+            load_workload("w", path, 3)
+
+    def test_the_checksum_identifies_the_frozen_file(self, tmp_path):
+        path = self.lines(tmp_path, {"request_id": "a", "prompt": "x"})
+        first = load_workload("w", path).sha256
+        path.write_text(path.read_text().replace("x", "y"))
+        assert load_workload("w", path).sha256 != first
+
+    def test_shipped_workloads_have_distinct_ids_and_the_repetition_one_quotes_its_prompt(self):
+        rep = load_workload("repetition", REPO / "benchmarks/workloads/speculative_repetition.jsonl", 8)
+        gen = load_workload("general", REPO / "benchmarks/workloads/speculative_general.jsonl", 8)
+        ids = [p.request_id for p in rep.prompts + gen.prompts]
+        assert len(ids) == len(set(ids)) == 16
+        # Each repetition prompt carries a block (code, list, lines, JSON) the answer should copy.
+        assert all("\n" in p.prompt or ":" in p.prompt for p in rep.prompts)
