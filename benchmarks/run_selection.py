@@ -11,13 +11,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from pytest_specsel.artifacts import claim_label
-from pytest_specsel.artifacts import default_label
+from pytest_specsel.artifacts import claim_label, default_label
 from pytest_specsel.backends.real import make_vllm_backend
 from pytest_specsel.records import RunStatus
 from pytest_specsel.runner import Selection
-from pytest_specsel.study import GROUPS
-from pytest_specsel.study import load_study
+from pytest_specsel.study import GROUPS, load_study
 
 
 def main() -> int:
@@ -37,7 +35,10 @@ def main() -> int:
     try:
         run.preflight()
         for group, state in run.groups.items():
-            print(f"{group}: {state.admission.status.value}: {state.admission.reason} ({state.admission.detail})")
+            print(
+                f"{group}: {state.admission.status.value}: {state.admission.reason} "
+                f"({state.admission.detail})"
+            )
         keys = [k for k in args.scenarios.split(",") if k] or [s.key for s in run.scenarios]
         for group in args.groups.split(","):
             if run.groups[group].run_status is not RunStatus.RUNNABLE:

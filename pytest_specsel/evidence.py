@@ -10,11 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_specsel.records import EvidenceStatus
-from pytest_specsel.records import ExecutionPath
-from pytest_specsel.records import PairEvidence
-from pytest_specsel.records import RunStatus
-from pytest_specsel.records import RunSummary
+from pytest_specsel.records import EvidenceStatus, ExecutionPath, PairEvidence, RunStatus, RunSummary
 
 __all__ = ["FIXED_FIELDS", "REQUIRED_METRICS", "build_pair_evidence", "build_speculative_pair_evidence"]
 
@@ -36,9 +32,7 @@ def build_pair_evidence(baseline: RunSummary, candidate: RunSummary) -> PairEvid
             candidate_run_status=candidate.run_status,
         )
     mismatches = tuple(f for f in FIXED_FIELDS if getattr(baseline, f) != getattr(candidate, f))
-    missing = [
-        f for f in REQUIRED_METRICS if getattr(baseline, f) is None or getattr(candidate, f) is None
-    ]
+    missing = [f for f in REQUIRED_METRICS if getattr(baseline, f) is None or getattr(candidate, f) is None]
     if candidate.quality_ok is None:
         missing.append("quality_ok")
     # A zero baseline figure makes a ratio meaningless; it is missing evidence, not infinity.
@@ -156,7 +150,5 @@ def build_speculative_pair_evidence(
     baseline: Mapping[str, Any], candidate: Mapping[str, Any]
 ) -> dict[str, Any]:
     """Dict face of :func:`build_pair_evidence` with the seed's keys."""
-    evidence = build_pair_evidence(
-        run_summary_from_mapping(baseline), run_summary_from_mapping(candidate)
-    )
+    evidence = build_pair_evidence(run_summary_from_mapping(baseline), run_summary_from_mapping(candidate))
     return evidence_to_mapping(evidence)

@@ -7,14 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from packaging.version import InvalidVersion
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
-from pytest_specsel.backends.protocol import AssetFacts
-from pytest_specsel.backends.protocol import Capability
+from pytest_specsel.backends.protocol import AssetFacts, Capability
 from pytest_specsel.records import AdmissionFacts
-from pytest_specsel.study import Strategy
-from pytest_specsel.study import Study
+from pytest_specsel.study import Strategy, Study
 
 __all__ = ["admission_facts", "backend_gate", "speculative_config", "version_at_least"]
 
@@ -38,7 +35,9 @@ def backend_gate(strategy: Strategy, capability: Capability) -> tuple[bool, str]
         return True, f"{name} serves the target"
     if not capability.has_speculative_config:
         return False, f"{name} has no --speculative-config"
-    if strategy.min_backend_version and not version_at_least(capability.version, strategy.min_backend_version):
+    if strategy.min_backend_version and not version_at_least(
+        capability.version, strategy.min_backend_version
+    ):
         return False, f"{name} < {strategy.min_backend_version} (min_backend_version of {strategy.group})"
     if strategy.method is not None:
         if strategy.method not in capability.methods:
@@ -59,8 +58,12 @@ def admission_facts(strategy: Strategy, capability: Capability, assets: AssetFac
         compatible=assets.compatible,
         estimated_memory_gb=assets.estimated_memory_gb,
         memory_limit_gb=assets.memory_limit_gb,
-        details={"enabled": "enabled = false in the study", "backend": backend_detail,
-                 "runnable": backend_detail, **assets.details},
+        details={
+            "enabled": "enabled = false in the study",
+            "backend": backend_detail,
+            "runnable": backend_detail,
+            **assets.details,
+        },
     )
 
 

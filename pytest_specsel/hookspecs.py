@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -26,7 +25,9 @@ def pytest_specsel_make_backend(config: pytest.Config, device: str) -> BackendBu
     """
 
 
-def pytest_specsel_manifest_extensions(config: pytest.Config, manifest: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def pytest_specsel_manifest_extensions(
+    config: pytest.Config, manifest: Mapping[str, Any]
+) -> Mapping[str, Any] | None:
     """Return a mapping merged under ``manifest["extensions"]`` (records are never mutated).
 
     .. sourcecode:: python

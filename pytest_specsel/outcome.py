@@ -20,12 +20,7 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_specsel.records import Admission
-from pytest_specsel.records import Decision
-from pytest_specsel.records import EvidenceStatus
-from pytest_specsel.records import PairEvidence
-from pytest_specsel.records import RunStatus
-from pytest_specsel.records import Verdict
+from pytest_specsel.records import Admission, Decision, EvidenceStatus, PairEvidence, RunStatus, Verdict
 
 __all__ = ["Outcome", "OutcomeKind", "admission_outcome", "scenario_outcome"]
 
@@ -49,8 +44,11 @@ def admission_outcome(group: str, admission: Admission) -> Outcome:
     """A group that will not be launched: skip with the status, reason and detail."""
     detail = f" ({admission.detail})" if admission.detail else ""
     kind = OutcomeKind.FAIL if admission.status is RunStatus.FAILED else OutcomeKind.SKIP
-    return Outcome(kind, f"{admission.status.value}: {admission.reason}{detail}",
-                   {"group": group, "run_status": admission.status.value, "reason": admission.reason})
+    return Outcome(
+        kind,
+        f"{admission.status.value}: {admission.reason}{detail}",
+        {"group": group, "run_status": admission.status.value, "reason": admission.reason},
+    )
 
 
 def scenario_outcome(

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Mapping
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 __all__ = ["Divergence", "ParityResult", "compare_outputs", "first_divergence"]
 
@@ -98,9 +97,7 @@ def compare_outputs(
     """
     ref_set = Counter((prompts.get(rid, rid), text) for rid, text in reference.items())
     act_set = Counter((prompts.get(rid, rid), text) for rid, text in actual.items())
-    differing = sorted(
-        rid for rid in set(reference) | set(actual) if reference.get(rid) != actual.get(rid)
-    )
+    differing = sorted(rid for rid in set(reference) | set(actual) if reference.get(rid) != actual.get(rid))
     divergence = None
     for rid in differing:
         divergence = first_divergence(

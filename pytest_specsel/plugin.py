@@ -8,14 +8,8 @@ from typing import Any
 import pytest
 
 from pytest_specsel import hookspecs
-from pytest_specsel.options import add_options
-from pytest_specsel.options import resolve_settings
-from pytest_specsel.session import Case
-from pytest_specsel.session import CaseParam
-from pytest_specsel.session import GroupServer
-from pytest_specsel.session import SpecselSession
-from pytest_specsel.session import OUTCOME_KEY
-from pytest_specsel.session import case_of
+from pytest_specsel.options import add_options, resolve_settings
+from pytest_specsel.session import OUTCOME_KEY, Case, CaseParam, GroupServer, SpecselSession, case_of
 
 SESSION_KEY = pytest.StashKey[SpecselSession]()
 
@@ -101,15 +95,20 @@ def specsel_server(request: pytest.FixtureRequest) -> Generator[GroupServer, Non
 
 
 @pytest.fixture
-def specsel_case(request: pytest.FixtureRequest, specsel_server: GroupServer,
-                 specsel_scenario: str) -> Case:
+def specsel_case(request: pytest.FixtureRequest, specsel_server: GroupServer, specsel_scenario: str) -> Case:
     """One candidate x scenario; ``specsel_case.check()`` measures it and asserts the outcome."""
-    return Case(request.config.stash[SESSION_KEY], specsel_server,
-                CaseParam(specsel_server.group, specsel_scenario), request.node.stash)
+    return Case(
+        request.config.stash[SESSION_KEY],
+        specsel_server,
+        CaseParam(specsel_server.group, specsel_scenario),
+        request.node.stash,
+    )
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     facts = item.stash.get(OUTCOME_KEY, None)
     if facts and call.when == "call":

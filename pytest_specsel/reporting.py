@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from pytest_specsel.session import OUTCOME_KEY
-from pytest_specsel.session import SpecselSession
+from pytest_specsel.session import OUTCOME_KEY, SpecselSession
 
 __all__ = ["JsonReportHooks", "format_rows", "write_summary"]
 
@@ -79,6 +78,7 @@ class JsonReportHooks:
             "groups": {g: s.run_status.value for g, s in sel.groups.items()},
             "decisions": {
                 g: {k: (r.decision.verdict.value if r.decision else None) for k, r in s.scenarios.items()}
-                for g, s in sel.groups.items() if g != "g0_target_only"
+                for g, s in sel.groups.items()
+                if g != "g0_target_only"
             },
         }

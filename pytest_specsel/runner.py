@@ -10,49 +10,47 @@ from __future__ import annotations
 import dataclasses
 import time
 import traceback
-from collections.abc import Callable
-from collections.abc import Mapping
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from pytest_specsel import artifacts
 from pytest_specsel.admission import admit
-from pytest_specsel.backends.protocol import AssetFacts
-from pytest_specsel.backends.protocol import BackendBundle
-from pytest_specsel.backends.protocol import Capability
-from pytest_specsel.backends.protocol import LaunchError
-from pytest_specsel.backends.protocol import LaunchSpec
-from pytest_specsel.backends.protocol import ServerHandle
+from pytest_specsel.backends.protocol import (
+    AssetFacts,
+    BackendBundle,
+    Capability,
+    LaunchError,
+    LaunchSpec,
+    ServerHandle,
+)
 from pytest_specsel.decision import decide
 from pytest_specsel.evidence import build_pair_evidence
-from pytest_specsel.gating import admission_facts
-from pytest_specsel.gating import speculative_config
-from pytest_specsel.measurement import MemoryReading
-from pytest_specsel.measurement import RequestRecord
-from pytest_specsel.measurement import ScenarioFigures
-from pytest_specsel.measurement import SpecCounters
-from pytest_specsel.measurement import SpecTelemetry
-from pytest_specsel.measurement import request_to_json
-from pytest_specsel.measurement import scenario_figures
-from pytest_specsel.measurement import telemetry_from_counters
-from pytest_specsel.parity import ParityResult
-from pytest_specsel.parity import compare_outputs
-from pytest_specsel.records import Admission
-from pytest_specsel.records import Decision
-from pytest_specsel.records import EvidenceStatus
-from pytest_specsel.records import ExecutionPath
-from pytest_specsel.records import PairEvidence
-from pytest_specsel.records import RunStatus
-from pytest_specsel.records import RunSummary
-from pytest_specsel.records import Verdict
-from pytest_specsel.records import to_json
-from pytest_specsel.study import BASELINE_GROUP
-from pytest_specsel.study import GROUPS
-from pytest_specsel.study import Strategy
-from pytest_specsel.study import Study
-from pytest_specsel.workloads import Workload
-from pytest_specsel.workloads import load_workload
+from pytest_specsel.gating import admission_facts, speculative_config
+from pytest_specsel.measurement import (
+    MemoryReading,
+    RequestRecord,
+    ScenarioFigures,
+    SpecCounters,
+    SpecTelemetry,
+    request_to_json,
+    scenario_figures,
+    telemetry_from_counters,
+)
+from pytest_specsel.parity import ParityResult, compare_outputs
+from pytest_specsel.records import (
+    Admission,
+    Decision,
+    EvidenceStatus,
+    ExecutionPath,
+    PairEvidence,
+    RunStatus,
+    RunSummary,
+    Verdict,
+    to_json,
+)
+from pytest_specsel.study import BASELINE_GROUP, GROUPS, Strategy, Study
+from pytest_specsel.workloads import Workload, load_workload
 
 __all__ = ["GroupState", "Scenario", "ScenarioResult", "Selection", "TWO_TRACK_RULE"]
 
@@ -172,8 +170,14 @@ class Selection:
         raise KeyError(key)
 
     # -- servers -----------------------------------------------------------------------
-    def _launch(self, name: str, strategy: Strategy, state: GroupState | None,
-                target_path: str, spec_config: Mapping[str, Any] | None) -> ServerHandle:
+    def _launch(
+        self,
+        name: str,
+        strategy: Strategy,
+        state: GroupState | None,
+        target_path: str,
+        spec_config: Mapping[str, Any] | None,
+    ) -> ServerHandle:
         log_path = self.paths.log(name)
         if state is not None:
             state.log_path = log_path
@@ -220,15 +224,15 @@ class Selection:
         handle.stop()
         released = self.bundle.prober.wait_released(timeout_s=120.0)
         self.timings[f"{group}.server_stop_s"] = time.monotonic() - t0
-        self.say(f"[specsel] {group}: server stopped" + ("" if released else " (device memory not yet released)"))
+        self.say(
+            f"[specsel] {group}: server stopped" + ("" if released else " (device memory not yet released)")
+        )
         state = self.groups[group]
         if state.run_status is RunStatus.RUNNABLE and state.scenarios:
             failed = any(r.run_status is RunStatus.FAILED for r in state.scenarios.values())
             state.run_status = RunStatus.FAILED if failed else RunStatus.COMPLETED
             if failed and state.failure is None:
-                state.failure = "; ".join(
-                    f"{k}: {r.error}" for k, r in state.scenarios.items() if r.error
-                )
+                state.failure = "; ".join(f"{k}: {r.error}" for k, r in state.scenarios.items() if r.error)
 
     def ensure_baseline(self, track: str, keys: Sequence[str]) -> None:
         """Measure the track's target-only baseline for scenario keys it lacks."""
@@ -271,8 +275,9 @@ class Selection:
         state = self.groups[group]
         if key in state.scenarios:
             return state.scenarios[key]
-        return self._measure(group, state.track, handle, self.scenario(key),
-                             baseline=group == BASELINE_GROUP, state=state)
+        return self._measure(
+            group, state.track, handle, self.scenario(key), baseline=group == BASELINE_GROUP, state=state
+        )
 
     def _scrape(self, handle: ServerHandle) -> tuple[SpecCounters | None, str | None]:
         try:
@@ -280,8 +285,15 @@ class Selection:
         except Exception as exc:
             return None, f"scrape_failed: {type(exc).__name__}: {exc}"
 
-    def _pass(self, name: str, handle: ServerHandle, scenario: Scenario, label: str,
-              sink: list[RequestRecord], warmup: int) -> tuple[tuple[RequestRecord, ...], float, str | None]:
+    def _pass(
+        self,
+        name: str,
+        handle: ServerHandle,
+        scenario: Scenario,
+        label: str,
+        sink: list[RequestRecord],
+        warmup: int,
+    ) -> tuple[tuple[RequestRecord, ...], float, str | None]:
         workload = self._workloads[scenario.workload]
         total = len(workload.prompts) * self.study.repeats
 
@@ -291,11 +303,17 @@ class Selection:
 
         try:
             run = self.bundle.client.run(
-                handle.base_url, self.study.served_name, workload.prompts,
-                concurrency=scenario.concurrency, warmup=warmup,
-                repeats=self.study.repeats, max_tokens=self.study.max_tokens,
-                temperature=self.study.temperature, timeout_s=self.study.backend.request_timeout_s,
-                sink=sink, progress=progress,
+                handle.base_url,
+                self.study.served_name,
+                workload.prompts,
+                concurrency=scenario.concurrency,
+                warmup=warmup,
+                repeats=self.study.repeats,
+                max_tokens=self.study.max_tokens,
+                temperature=self.study.temperature,
+                timeout_s=self.study.backend.request_timeout_s,
+                sink=sink,
+                progress=progress,
             )
         except KeyboardInterrupt:
             self.interrupted = True
@@ -304,13 +322,23 @@ class Selection:
             return tuple(sink), 0.0, f"{type(exc).__name__}: {exc}"
         return run.requests, run.duration_s, None
 
-    def _measure(self, name: str, track: str, handle: ServerHandle, scenario: Scenario, *,
-                 baseline: bool, state: GroupState | None) -> ScenarioResult:
+    def _measure(
+        self,
+        name: str,
+        track: str,
+        handle: ServerHandle,
+        scenario: Scenario,
+        *,
+        baseline: bool,
+        state: GroupState | None,
+    ) -> ScenarioResult:
         t0 = time.monotonic()
         index = len(self.scenarios)
         position = [s.key for s in self.scenarios].index(scenario.key) + 1
-        self.say(f"[specsel] {name}: scenario {position} of {index}: {scenario.key} "
-                 f"(warmup {self.study.warmup}, {self.study.num_prompts} prompts x {self.study.repeats})")
+        self.say(
+            f"[specsel] {name}: scenario {position} of {index}: {scenario.key} "
+            f"(warmup {self.study.warmup}, {self.study.num_prompts} prompts x {self.study.repeats})"
+        )
         before, scrape_error = self._scrape(handle)
         sampler = self.bundle.memory()
         sampler.start(handle)
@@ -318,8 +346,9 @@ class Selection:
         self_requests: tuple[RequestRecord, ...] = ()
         interrupt: KeyboardInterrupt | None = None
         try:
-            requests, duration, error = self._pass(name, handle, scenario, "measured", sink,
-                                                   self.study.warmup)
+            requests, duration, error = self._pass(
+                name, handle, scenario, "measured", sink, self.study.warmup
+            )
         except KeyboardInterrupt as exc:
             # Keep what arrived, write it below, then let the interrupt go on.
             interrupt, requests, duration, error = exc, tuple(sink), 0.0, "interrupted"
@@ -333,8 +362,7 @@ class Selection:
         if baseline and self.study.baseline_self_check and error is None:
             self_sink: list[RequestRecord] = []
             # The server is warm by now: the second pass needs no warmup of its own.
-            self_requests, _, self_error = self._pass(name, handle, scenario, "self-check",
-                                                      self_sink, 0)
+            self_requests, _, self_error = self._pass(name, handle, scenario, "self-check", self_sink, 0)
             if self_error is None:
                 self_check = self._parity(requests, self_requests)
         telemetry = telemetry_from_counters(before, after, _TELEMETRY_SOURCE)
@@ -342,11 +370,21 @@ class Selection:
             telemetry = dataclasses.replace(telemetry, source=scrape_error)
         figures = scenario_figures(requests, duration) if requests and duration else None
         status = RunStatus.FAILED if error else RunStatus.COMPLETED
-        summary = self._summary(name, track, scenario, status, baseline, figures, telemetry, memory,
-                                state)
+        summary = self._summary(name, track, scenario, status, baseline, figures, telemetry, memory, state)
         raw_path = self.paths.raw(name, scenario.key)
-        result = ScenarioResult(name, scenario, status, requests, figures, telemetry, memory,
-                                raw_path, summary, self_check=self_check, error=error)
+        result = ScenarioResult(
+            name,
+            scenario,
+            status,
+            requests,
+            figures,
+            telemetry,
+            memory,
+            raw_path,
+            summary,
+            self_check=self_check,
+            error=error,
+        )
         if not baseline:
             result = self._pair(result, track)
         if baseline:
@@ -359,9 +397,18 @@ class Selection:
             raise interrupt
         return result
 
-    def _summary(self, name: str, track: str, scenario: Scenario, status: RunStatus, baseline: bool,
-                 figures: ScenarioFigures | None, telemetry: SpecTelemetry,
-                 memory: MemoryReading | None, state: GroupState | None) -> RunSummary:
+    def _summary(
+        self,
+        name: str,
+        track: str,
+        scenario: Scenario,
+        status: RunStatus,
+        baseline: bool,
+        figures: ScenarioFigures | None,
+        telemetry: SpecTelemetry,
+        memory: MemoryReading | None,
+        state: GroupState | None,
+    ) -> RunSummary:
         workload = self._workloads[scenario.workload]
         if state is not None and state.assets is not None:
             snapshot = state.assets.target_snapshot
@@ -380,7 +427,7 @@ class Selection:
             role="baseline" if baseline else "candidate",
             target_snapshot=snapshot,
             workload_key=f"{scenario.workload}@{workload.sha256[:12]}-n{len(workload.prompts)}"
-                         f"x{self.study.repeats}-c{scenario.concurrency}",
+            f"x{self.study.repeats}-c{scenario.concurrency}",
             sampling_key=self.study.sampling_key,
             execution_path=path,
             throughput_tokens_per_s=figures.output_token_throughput_per_s if figures else None,
@@ -409,14 +456,19 @@ class Selection:
         base = self.baselines.get(track, {}).get(result.scenario.key)
         parity = None
         summary = result.summary
-        if base is not None and result.run_status is RunStatus.COMPLETED and self.study.require_exact_match_at_t0:
+        if (
+            base is not None
+            and result.run_status is RunStatus.COMPLETED
+            and self.study.require_exact_match_at_t0
+        ):
             parity = self._parity(base.requests, result.requests)
             summary = dataclasses.replace(summary, quality_ok=parity.quality_ok)
         base_summary = base.summary if base else RunSummary(None, "baseline")
         evidence = build_pair_evidence(base_summary, summary)
         decision = decide(evidence, self.study.gates)
-        return dataclasses.replace(result, summary=summary, parity=parity, evidence=evidence,
-                                   decision=decision)
+        return dataclasses.replace(
+            result, summary=summary, parity=parity, evidence=evidence, decision=decision
+        )
 
     # -- files -------------------------------------------------------------------------
     def _write_raw(self, result: ScenarioResult, self_requests: Sequence[RequestRecord]) -> None:
@@ -427,8 +479,12 @@ class Selection:
             "group": result.group,
             "scenario": result.scenario.key,
             "arguments": {
-                "workload": {"name": workload.name, "path": workload.path, "sha256": workload.sha256,
-                             "num_prompts": len(workload.prompts)},
+                "workload": {
+                    "name": workload.name,
+                    "path": workload.path,
+                    "sha256": workload.sha256,
+                    "num_prompts": len(workload.prompts),
+                },
                 "concurrency": result.scenario.concurrency,
                 "warmup": self.study.warmup,
                 "repeats": self.study.repeats,
@@ -502,12 +558,17 @@ class Selection:
         for scenario in self.scenarios:
             result = state.scenarios.get(scenario.key)
             if result is not None and result.evidence is not None and result.decision is not None:
-                out[scenario.key] = {"evidence": to_json(result.evidence),
-                                     "decision": to_json(result.decision),
-                                     "figures": self.scenario_view(result)}
+                out[scenario.key] = {
+                    "evidence": to_json(result.evidence),
+                    "decision": to_json(result.decision),
+                    "figures": self.scenario_view(result),
+                }
                 continue
-            evidence = PairEvidence(EvidenceStatus.NOT_EVALUATED, missing_evidence=("completed_pair",),
-                                    candidate_run_status=state.run_status)
+            evidence = PairEvidence(
+                EvidenceStatus.NOT_EVALUATED,
+                missing_evidence=("completed_pair",),
+                candidate_run_status=state.run_status,
+            )
             out[scenario.key] = {
                 "evidence": to_json(evidence),
                 "decision": to_json(Decision(Verdict.NOT_EVALUATED, "evidence_not_evaluated")),
@@ -548,7 +609,8 @@ class Selection:
             ],
             "extra_baselines": {
                 track: {k: self._rel(r.raw_path) for k, r in results.items()}
-                for track, results in self.baselines.items() if track != self.study.target_model
+                for track, results in self.baselines.items()
+                if track != self.study.target_model
             },
             "handoff_path": self._rel(self.paths.handoff),
             "extensions": dict(extensions or {}),
@@ -574,11 +636,13 @@ class Selection:
                     "speculative_config": dict(s.spec_config) if s.spec_config else None,
                     "scenarios": self.candidate_decisions(g),
                     "accepted_scenarios": sorted(
-                        k for k, r in s.scenarios.items()
+                        k
+                        for k, r in s.scenarios.items()
                         if r.decision is not None and r.decision.verdict is Verdict.ACCEPT
                     ),
                 }
-                for g, s in self.groups.items() if g != BASELINE_GROUP
+                for g, s in self.groups.items()
+                if g != BASELINE_GROUP
             },
         }
         artifacts.write_json(self.paths.handoff, handoff)

@@ -3,32 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pytest_specsel import artifacts
-from pytest_specsel.backends.protocol import LaunchError
-from pytest_specsel.backends.protocol import ServerHandle
-from pytest_specsel.options import OPT_CPU
-from pytest_specsel.options import OPT_GPU
-from pytest_specsel.options import Mode
-from pytest_specsel.options import Settings
-from pytest_specsel.outcome import Outcome
-from pytest_specsel.outcome import OutcomeKind
-from pytest_specsel.outcome import admission_outcome
-from pytest_specsel.outcome import scenario_outcome
+from pytest_specsel.backends.protocol import LaunchError, ServerHandle
+from pytest_specsel.options import OPT_CPU, OPT_GPU, Mode, Settings
+from pytest_specsel.outcome import Outcome, OutcomeKind, admission_outcome, scenario_outcome
 from pytest_specsel.records import RunStatus
-from pytest_specsel.runner import ScenarioResult
-from pytest_specsel.runner import Selection
-from pytest_specsel.study import BASELINE_GROUP
-from pytest_specsel.study import GROUPS
-from pytest_specsel.study import Study
-from pytest_specsel.study import StudyError
-from pytest_specsel.study import load_study
+from pytest_specsel.runner import ScenarioResult, Selection
+from pytest_specsel.study import BASELINE_GROUP, GROUPS, Study, StudyError, load_study
 
 __all__ = ["OUTCOME_KEY", "Case", "CaseParam", "GroupServer", "SpecselSession"]
 
@@ -103,10 +90,13 @@ class SpecselSession:
             paths = artifacts.claim_label(results, label, where)
         except artifacts.LabelError as exc:
             raise pytest.UsageError(str(exc)) from None
-        bundle = self.config.hook.pytest_specsel_make_backend(config=self.config,
-                                                              device=self.settings.mode.device)
+        bundle = self.config.hook.pytest_specsel_make_backend(
+            config=self.config, device=self.settings.mode.device
+        )
         self.selection = Selection(
-            study, bundle, paths,
+            study,
+            bundle,
+            paths,
             real=self.settings.mode is not Mode.DRY,
             device=self.settings.mode.device,
             dry_run_hint=DRY_RUN_HINT,
@@ -126,9 +116,15 @@ class SpecselSession:
             handle = sel.start_group(group, self.wanted.get(group, []))
         except LaunchError as exc:
             tail = exc.log_tail
-            return GroupServer(group, None, Outcome(
-                OutcomeKind.FAIL, f"failed: {group} server did not start: {exc}\n{tail}",
-                {"group": group, "run_status": RunStatus.FAILED.value}))
+            return GroupServer(
+                group,
+                None,
+                Outcome(
+                    OutcomeKind.FAIL,
+                    f"failed: {group} server did not start: {exc}\n{tail}",
+                    {"group": group, "run_status": RunStatus.FAILED.value},
+                ),
+            )
         self.active[group] = handle
         return GroupServer(group, handle)
 
@@ -179,12 +175,14 @@ class SpecselSession:
             "peak_memory_mb": view["peak_memory_mb"],
             "acceptance_rate": result.telemetry.acceptance_rate,
             "mean_accepted_length": result.telemetry.mean_accepted_length,
-            "parity": result.parity.describe() if result.parity else
-            (result.self_check.describe() + " (self-check)" if result.self_check else None),
+            "parity": result.parity.describe()
+            if result.parity
+            else (result.self_check.describe() + " (self-check)" if result.self_check else None),
             "raw_path": view["raw_path"],
         }
         return scenario_outcome(
-            result.group, result.scenario.key,
+            result.group,
+            result.scenario.key,
             is_baseline=result.group == BASELINE_GROUP,
             run_status=result.run_status,
             error=result.error,
@@ -204,8 +202,7 @@ class SpecselSession:
             return
         self.selection.interrupted = self.selection.interrupted or interrupted
         extensions: dict[str, Any] = {}
-        for part in self.config.hook.pytest_specsel_manifest_extensions(config=self.config,
-                                                                        manifest={}):
+        for part in self.config.hook.pytest_specsel_manifest_extensions(config=self.config, manifest={}):
             if part:
                 extensions.update(part)
         self.files = self.selection.finish(extensions)
@@ -222,21 +219,29 @@ class SpecselSession:
                     continue
                 result = state.scenarios.get(scenario.key)
                 ev = result.evidence if result else None
-                rows.append({
-                    "case": f"{group}-{scenario.key}",
-                    "status": (result.run_status if result else state.run_status).value,
-                    "speedup": ev.throughput_speedup if ev else None,
-                    "ttft": ev.ttft_ratio if ev else None,
-                    "e2e_p95": ev.e2e_p95_ratio if ev else None,
-                    "tok_s": result.figures.output_token_throughput_per_s if result and result.figures else None,
-                    "mem_mb": result.memory.peak_mb if result and result.memory else None,
-                    "accept": result.telemetry.acceptance_rate if result else None,
-                    "mal": result.telemetry.mean_accepted_length if result else None,
-                    "parity": _parity_cell(result),
-                    "decision": (result.decision.verdict.value if result and result.decision
-                                 else "baseline" if group == BASELINE_GROUP and result
-                                 else "not_evaluated"),
-                })
+                rows.append(
+                    {
+                        "case": f"{group}-{scenario.key}",
+                        "status": (result.run_status if result else state.run_status).value,
+                        "speedup": ev.throughput_speedup if ev else None,
+                        "ttft": ev.ttft_ratio if ev else None,
+                        "e2e_p95": ev.e2e_p95_ratio if ev else None,
+                        "tok_s": result.figures.output_token_throughput_per_s
+                        if result and result.figures
+                        else None,
+                        "mem_mb": result.memory.peak_mb if result and result.memory else None,
+                        "accept": result.telemetry.acceptance_rate if result else None,
+                        "mal": result.telemetry.mean_accepted_length if result else None,
+                        "parity": _parity_cell(result),
+                        "decision": (
+                            result.decision.verdict.value
+                            if result and result.decision
+                            else "baseline"
+                            if group == BASELINE_GROUP and result
+                            else "not_evaluated"
+                        ),
+                    }
+                )
         return rows
 
 
@@ -268,8 +273,9 @@ def case_of(item: pytest.Item) -> CaseParam | None:
 class Case:
     """What a candidate test gets: ``check()`` measures and maps the outcome to pytest."""
 
-    def __init__(self, specsel: SpecselSession, server: GroupServer, param: CaseParam,
-                 stash: pytest.Stash) -> None:
+    def __init__(
+        self, specsel: SpecselSession, server: GroupServer, param: CaseParam, stash: pytest.Stash
+    ) -> None:
         self.specsel = specsel
         self.server = server
         self.param = param
@@ -292,8 +298,9 @@ class Case:
         __tracebackhide__ = True
         if benchmark is not None and self.server.handle is not None:
             holder: list[Outcome] = []
-            benchmark.pedantic(lambda: holder.append(self.specsel.run_case(self.server, self.param)),
-                               rounds=1, iterations=1)
+            benchmark.pedantic(
+                lambda: holder.append(self.specsel.run_case(self.server, self.param)), rounds=1, iterations=1
+            )
             outcome = holder[0]
             benchmark.extra_info.update({k: v for k, v in outcome.facts.items()})
         else:

@@ -316,13 +316,16 @@ def study_from_mapping(
         raise loc.error("backend.extra_args", f"{extra!r} must be a list of strings (one argv item each)")
     backend = Backend(
         dtype=b["dtype"],
-        max_model_len=_positive(_typed(b["max_model_len"], int, "backend.max_model_len", loc),
-                                "backend.max_model_len", loc),
+        max_model_len=_positive(
+            _typed(b["max_model_len"], int, "backend.max_model_len", loc), "backend.max_model_len", loc
+        ),
         gpu_memory_utilization=util,
         enforce_eager=_typed(b["enforce_eager"], bool, "backend.enforce_eager", loc),
         cpu_kvcache_space_gb=_positive(
             _typed(b["cpu_kvcache_space_gb"], int, "backend.cpu_kvcache_space_gb", loc),
-            "backend.cpu_kvcache_space_gb", loc),
+            "backend.cpu_kvcache_space_gb",
+            loc,
+        ),
         omp_num_threads=omp,
         startup_timeout_s=_typed(b["startup_timeout_s"], float, "backend.startup_timeout_s", loc),
         request_timeout_s=_typed(b["request_timeout_s"], float, "backend.request_timeout_s", loc),
@@ -330,7 +333,7 @@ def study_from_mapping(
     )
 
     if not isinstance(data["workloads"], Mapping) or not data["workloads"]:
-        raise loc.error("workloads", "must be a table of name = \"path.jsonl\" with at least one entry")
+        raise loc.error("workloads", 'must be a table of name = "path.jsonl" with at least one entry')
     workloads: dict[str, Path] = {}
     for name, rel in data["workloads"].items():
         if not re.fullmatch(r"[a-z0-9_]+", name):
@@ -340,14 +343,20 @@ def study_from_mapping(
 
     r = data["run"]
     conc = r["concurrency"]
-    if not isinstance(conc, list) or not conc or not all(isinstance(c, int) and not isinstance(c, bool) for c in conc):
+    if (
+        not isinstance(conc, list)
+        or not conc
+        or not all(isinstance(c, int) and not isinstance(c, bool) for c in conc)
+    ):
         raise loc.error("run.concurrency", f"{conc!r} must be a non-empty list of positive integers")
     for c in conc:
         _positive(c, "run.concurrency", loc)
     if len(set(conc)) != len(conc):
         raise loc.error("run.concurrency", f"{conc!r} lists a level twice")
-    counts = {k: _positive(_typed(r[k], int, f"run.{k}", loc), f"run.{k}", loc)
-              for k in ("num_prompts", "repeats", "max_tokens", "num_speculative_tokens")}
+    counts = {
+        k: _positive(_typed(r[k], int, f"run.{k}", loc), f"run.{k}", loc)
+        for k in ("num_prompts", "repeats", "max_tokens", "num_speculative_tokens")
+    }
     warmup = _typed(r["warmup"], int, "run.warmup", loc)
     if warmup < 0:
         raise loc.error("run.warmup", f"{warmup!r} must be >= 0")

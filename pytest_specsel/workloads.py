@@ -55,9 +55,13 @@ def load_workload(name: str, path: Path, num_prompts: int | None = None) -> Work
         try:
             item = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise WorkloadError(f"specsel: {where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            raise WorkloadError(
+                f"specsel: {where}: not valid JSON ({exc.msg} at column {exc.colno})"
+            ) from None
         if not isinstance(item, dict):
-            raise WorkloadError(f"specsel: {where}: each line must be a JSON object, got {type(item).__name__}")
+            raise WorkloadError(
+                f"specsel: {where}: each line must be a JSON object, got {type(item).__name__}"
+            )
         unknown = set(item) - _ALLOWED
         if unknown:
             raise WorkloadError(
@@ -71,11 +75,11 @@ def load_workload(name: str, path: Path, num_prompts: int | None = None) -> Work
         if max_tokens is not None and (
             not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens <= 0
         ):
-            raise WorkloadError(f"specsel: {where}: 'max_tokens' must be a positive integer, got {max_tokens!r}")
-        if rid in seen:
             raise WorkloadError(
-                f"specsel: {where}: duplicate request_id {rid!r} (first at line {seen[rid]})"
+                f"specsel: {where}: 'max_tokens' must be a positive integer, got {max_tokens!r}"
             )
+        if rid in seen:
+            raise WorkloadError(f"specsel: {where}: duplicate request_id {rid!r} (first at line {seen[rid]})")
         seen[rid] = number
         prompts.append(Prompt(rid, prompt, max_tokens))
     if not prompts:

@@ -6,8 +6,7 @@ import json
 import os
 import sys
 import time
-from http.server import BaseHTTPRequestHandler
-from http.server import HTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer
 
 METRICS = """# TYPE vllm:spec_decode_num_drafts counter
 vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 4.0

@@ -15,14 +15,11 @@ from pathlib import Path
 import pytest
 
 from pytest_specsel.backends import models
-from pytest_specsel.backends.protocol import LaunchError
-from pytest_specsel.backends.protocol import LaunchSpec
+from pytest_specsel.backends.protocol import LaunchError, LaunchSpec
 from pytest_specsel.backends.telemetry import parse_spec_counters
-from pytest_specsel.backends.vllm import VllmLauncher
-from pytest_specsel.backends.vllm import build_serve_argv
+from pytest_specsel.backends.vllm import VllmLauncher, build_serve_argv
 from pytest_specsel.backends.vllm_cpu_install import ensure_vllm_metadata
-from pytest_specsel.gating import backend_gate
-from pytest_specsel.gating import version_at_least
+from pytest_specsel.gating import backend_gate, version_at_least
 from pytest_specsel.study import load_study
 
 FAKE = str(Path(__file__).with_name("fake_vllm.py"))
@@ -45,8 +42,15 @@ def spec(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_VLLM_PIDFILE", str(tmp_path / "pids"))
     study = load_study(None, tmp_path)
     settings = dataclasses.replace(study.backend, startup_timeout_s=8.0)
-    return LaunchSpec("g1_ngram", "/models/t", "served", settings, {"method": "ngram", "num_speculative_tokens": 5},
-                      tmp_path / "logs" / "g1.log", "cpu")
+    return LaunchSpec(
+        "g1_ngram",
+        "/models/t",
+        "served",
+        settings,
+        {"method": "ngram", "num_speculative_tokens": 5},
+        tmp_path / "logs" / "g1.log",
+        "cpu",
+    )
 
 
 def engine_pids(tmp_path):
@@ -64,8 +68,10 @@ class TestLifecycle:
         argv = build_serve_argv(("vllm",), spec, 1234)
         assert argv[:3] == ["vllm", "serve", "/models/t"]
         assert argv[argv.index("--host") + 1] == "127.0.0.1"
-        assert json.loads(argv[argv.index("--speculative-config") + 1]) == {"method": "ngram",
-                                                                          "num_speculative_tokens": 5}
+        assert json.loads(argv[argv.index("--speculative-config") + 1]) == {
+            "method": "ngram",
+            "num_speculative_tokens": 5,
+        }
         assert "--enforce-eager" in argv and "--gpu-memory-utilization" not in argv
 
     def test_start_waits_for_health_and_models_then_stop_kills_the_whole_group(self, spec, tmp_path):
@@ -95,7 +101,8 @@ class TestLifecycle:
     @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
     def test_an_interrupted_process_leaves_no_server_behind(self, tmp_path, sig):
         script = tmp_path / "driver.py"
-        script.write_text(textwrap.dedent(f"""
+        script.write_text(
+            textwrap.dedent(f"""
             import dataclasses, sys, time
             from pathlib import Path
             from pytest_specsel.backends.protocol import LaunchSpec
@@ -107,7 +114,8 @@ class TestLifecycle:
             server = VllmLauncher((sys.executable, {FAKE!r}), poll_s=0.1).start(spec)
             print("LEADER", server.proc.pid, flush=True)
             time.sleep(60)
-        """))
+        """)
+        )
         env = {**os.environ, "FAKE_VLLM_PIDFILE": str(tmp_path / "pids")}
         proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
         line = proc.stdout.readline()
@@ -147,16 +155,21 @@ class TestCounters:
         assert counters.accepted_per_position == (30.0, 20.0)
 
     def test_a_target_only_page_has_no_counters(self):
-        assert parse_spec_counters("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n") is None
+        assert (
+            parse_spec_counters("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n")
+            is None
+        )
 
     def test_names_without_total_suffix_count_too(self):
         page = "# TYPE vllm:spec_decode_num_drafts gauge\nvllm:spec_decode_num_drafts 5\n"
         assert parse_spec_counters(page).drafts == 5.0
 
     def test_deltas_give_rate_length_and_activity(self):
-        from pytest_specsel.measurement import SpecCounters
-        from pytest_specsel.measurement import telemetry_from_counters
-        t = telemetry_from_counters(SpecCounters(10, 50, 20, (8, 6)), SpecCounters(30, 150, 80, (28, 16)), "src")
+        from pytest_specsel.measurement import SpecCounters, telemetry_from_counters
+
+        t = telemetry_from_counters(
+            SpecCounters(10, 50, 20, (8, 6)), SpecCounters(30, 150, 80, (28, 16)), "src"
+        )
         assert (t.drafts, t.draft_tokens, t.accepted_tokens) == (20, 100, 60)
         assert t.acceptance_rate == 0.6 and t.mean_accepted_length == 4.0
         assert t.acceptance_by_position == (1.0, 0.5) and t.mechanism_active is True
@@ -170,8 +183,12 @@ def write_model(folder, config, tensors=None, tokenizer=None):
     if tokenizer:
         (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer))
     if tensors is not None:
-        header = json.dumps({name: {"dtype": dt, "shape": shape, "data_offsets": [0, 0]}
-                             for name, (dt, shape) in tensors.items()}).encode()
+        header = json.dumps(
+            {
+                name: {"dtype": dt, "shape": shape, "data_offsets": [0, 0]}
+                for name, (dt, shape) in tensors.items()
+            }
+        ).encode()
         (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
     return folder
 
@@ -185,27 +202,37 @@ class TestAssets:
         assert not found and "num_nextn_predict_layers" in why
 
     def test_pair_checks_name_the_failing_field(self, tmp_path):
-        target = write_model(tmp_path / "t", {"vocab_size": 100, "hidden_size": 64},
-                             tokenizer={"eos_token": "<|end|>"})
+        target = write_model(
+            tmp_path / "t", {"vocab_size": 100, "hidden_size": 64}, tokenizer={"eos_token": "<|end|>"}
+        )
         bad_vocab = write_model(tmp_path / "a", {"vocab_size": 101})
         bad_hidden = write_model(tmp_path / "b", {"vocab_size": 100, "hidden_size": 32})
         bad_eos = write_model(tmp_path / "c", {"vocab_size": 100}, tokenizer={"eos_token": "</s>"})
-        other = write_model(tmp_path / "d", {"vocab_size": 100, "speculators_config": {
-            "verifier": {"name_or_path": "org/Other-7B"}}})
+        other = write_model(
+            tmp_path / "d",
+            {"vocab_size": 100, "speculators_config": {"verifier": {"name_or_path": "org/Other-7B"}}},
+        )
         good = write_model(tmp_path / "e", {"vocab_size": 100, "base_model_name_or_path": "org/t"})
-        assert models.check_pair(target, "org/t", bad_vocab, "eagle") == (False, "vocab_size: target 100 != proposer 101")
+        assert models.check_pair(target, "org/t", bad_vocab, "eagle") == (
+            False,
+            "vocab_size: target 100 != proposer 101",
+        )
         assert models.check_pair(target, "org/t", bad_hidden, "eagle")[1].startswith("hidden_size")
         assert models.check_pair(target, "org/t", bad_eos, "dflash")[1].startswith("tokenizer eos_token")
         assert "trained for 'org/Other-7B'" in models.check_pair(target, "org/t", other, "eagle")[1]
         assert models.check_pair(target, "org/t", good, "eagle")[0]
 
     def test_memory_estimate_reads_headers_at_the_serving_dtype(self, tmp_path):
-        folder = write_model(tmp_path / "m", {"num_hidden_layers": 2, "num_key_value_heads": 2, "head_dim": 4},
-                             tensors={"w": ("F32", [1024, 1024]), "ids": ("I64", [8])})
+        folder = write_model(
+            tmp_path / "m",
+            {"num_hidden_layers": 2, "num_key_value_heads": 2, "head_dim": 4},
+            tensors={"w": ("F32", [1024, 1024]), "ids": ("I64", [8])},
+        )
         assert models.safetensors_weight_bytes(folder) == 1024 * 1024 * 4 + 64
         assert models.safetensors_weight_bytes(folder, "bfloat16") == 1024 * 1024 * 2 + 64
-        total, how = models.estimate_memory_gb([folder], json.loads((folder / "config.json").read_text()),
-                                               "bfloat16", 1000, 1.0)
+        total, how = models.estimate_memory_gb(
+            [folder], json.loads((folder / "config.json").read_text()), "bfloat16", 1000, 1.0
+        )
         kv = 2 * 2 * 2 * 4 * 2 * 1000
         assert total == pytest.approx((1024 * 1024 * 2 + 64 + kv) / 2**30 + 1.0)
         assert "KV" in how
@@ -227,6 +254,7 @@ class TestAssets:
 class TestGates:
     def cap(self, **kw):
         from pytest_specsel.backends.fake import fake_bundle
+
         bundle, world = fake_bundle(**kw)
         return world.capability
 

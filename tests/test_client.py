@@ -6,11 +6,9 @@ import json
 import httpx
 import pytest
 
-from pytest_specsel.backends.client import HttpBenchClient
-from pytest_specsel.backends.client import stream_one
+from pytest_specsel.backends.client import HttpBenchClient, stream_one
 from pytest_specsel.backends.protocol import WarmupError
 from pytest_specsel.workloads import Prompt
-
 
 SSE_HEADERS = {"content-type": "text/event-stream"}
 
@@ -51,6 +49,7 @@ def transport(body, status=200, seen=None):
         if seen is not None:
             seen.append(json.loads(request.content))
         return httpx.Response(status, content=body, headers=SSE_HEADERS)
+
     return httpx.MockTransport(handler)
 
 
@@ -112,8 +111,18 @@ def test_cancel_keeps_the_partial_stream():
         sink = []
         tp = httpx.MockTransport(lambda request: httpx.Response(200, content=body(), headers=SSE_HEADERS))
         async with httpx.AsyncClient(transport=tp) as client:
-            task = asyncio.create_task(stream_one(client, "http://x", {}, Prompt("r1", "p"), 0, 0.0,
-                                                  ScriptedClock([0.0, 0.1, 0.2, 0.3]), sink))
+            task = asyncio.create_task(
+                stream_one(
+                    client,
+                    "http://x",
+                    {},
+                    Prompt("r1", "p"),
+                    0,
+                    0.0,
+                    ScriptedClock([0.0, 0.1, 0.2, 0.3]),
+                    sink,
+                )
+            )
             await asyncio.wait_for(arrived.wait(), 5)
             await asyncio.sleep(0.01)
             task.cancel()
@@ -132,10 +141,25 @@ class TestRun:
     def test_each_prompt_once_per_repeat_in_order_with_warmup_excluded(self):
         seen = []
         client = HttpBenchClient(transport=transport(sse(content("x", [7]), usage(1)), seen=seen))
-        run = client.run("http://x", "m", self.prompts, concurrency=2, warmup=2, repeats=2, max_tokens=8,
-                         temperature=0.0, timeout_s=5)
+        run = client.run(
+            "http://x",
+            "m",
+            self.prompts,
+            concurrency=2,
+            warmup=2,
+            repeats=2,
+            max_tokens=8,
+            temperature=0.0,
+            timeout_s=5,
+        )
         assert [(r.repeat, r.request_id) for r in run.requests] == [
-            (0, "r0"), (0, "r1"), (0, "r2"), (1, "r0"), (1, "r1"), (1, "r2")]
+            (0, "r0"),
+            (0, "r1"),
+            (0, "r2"),
+            (1, "r0"),
+            (1, "r1"),
+            (1, "r2"),
+        ]
         assert len(seen) == 2 + 6 and run.warmup_requests == 2
         assert {s["temperature"] for s in seen} == {0.0}
         assert seen[0]["stream"] is True and seen[0]["stream_options"] == {"include_usage": True}
@@ -144,15 +168,33 @@ class TestRun:
     def test_a_prompts_own_max_tokens_wins(self):
         seen = []
         client = HttpBenchClient(transport=transport(sse(content("x"), usage(1)), seen=seen))
-        client.run("http://x", "m", [Prompt("a", "p", max_tokens=3)], concurrency=1, warmup=0, repeats=1,
-                   max_tokens=8, temperature=0.0, timeout_s=5)
+        client.run(
+            "http://x",
+            "m",
+            [Prompt("a", "p", max_tokens=3)],
+            concurrency=1,
+            warmup=0,
+            repeats=1,
+            max_tokens=8,
+            temperature=0.0,
+            timeout_s=5,
+        )
         assert seen[0]["max_tokens"] == 3
 
     def test_all_warmups_failing_stops_the_run(self):
         client = HttpBenchClient(transport=transport(b"nope", status=500))
         with pytest.raises(WarmupError, match="all 2 warmup requests .* failed; first error: HTTP 500"):
-            client.run("http://x", "m", self.prompts, concurrency=1, warmup=2, repeats=1, max_tokens=8,
-                       temperature=0.0, timeout_s=5)
+            client.run(
+                "http://x",
+                "m",
+                self.prompts,
+                concurrency=1,
+                warmup=2,
+                repeats=1,
+                max_tokens=8,
+                temperature=0.0,
+                timeout_s=5,
+            )
 
     def test_concurrency_is_bounded(self):
         active, peak = 0, 0
@@ -165,9 +207,20 @@ class TestRun:
             active -= 1
             yield sse(content("x"), usage(1))
 
-        client = HttpBenchClient(transport=httpx.MockTransport(lambda r: httpx.Response(200, content=body(), headers=SSE_HEADERS)))
+        client = HttpBenchClient(
+            transport=httpx.MockTransport(lambda r: httpx.Response(200, content=body(), headers=SSE_HEADERS))
+        )
         prompts = [Prompt(f"r{i}", "p") for i in range(8)]
-        run = client.run("http://x", "m", prompts, concurrency=3, warmup=0, repeats=1, max_tokens=8,
-                         temperature=0.0, timeout_s=5)
+        run = client.run(
+            "http://x",
+            "m",
+            prompts,
+            concurrency=3,
+            warmup=0,
+            repeats=1,
+            max_tokens=8,
+            temperature=0.0,
+            timeout_s=5,
+        )
         assert len(run.requests) == 8 and all(r.ok for r in run.requests)
         assert peak == 3

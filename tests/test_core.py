@@ -4,20 +4,17 @@ import dataclasses
 
 import pytest
 
-from pytest_specsel import admission
-from pytest_specsel import decision
-from pytest_specsel import evidence
-from pytest_specsel import families
-from pytest_specsel import parity
-from pytest_specsel import stats
-from pytest_specsel.records import AdmissionFacts
-from pytest_specsel.records import EvidenceStatus
-from pytest_specsel.records import ExecutionPath
-from pytest_specsel.records import RunStatus
-from pytest_specsel.records import RunSummary
-from pytest_specsel.records import Thresholds
-from pytest_specsel.records import Verdict
-from pytest_specsel.records import to_json
+from pytest_specsel import admission, decision, evidence, families, parity, stats
+from pytest_specsel.records import (
+    AdmissionFacts,
+    EvidenceStatus,
+    ExecutionPath,
+    RunStatus,
+    RunSummary,
+    Thresholds,
+    Verdict,
+    to_json,
+)
 
 
 class TestFamilies:
@@ -32,7 +29,10 @@ class TestFamilies:
 
     def test_dspark_also_needs_verified_tokens(self):
         assert families.family_contract("dspark").telemetry == (
-            "proposed_tokens", "accepted_tokens", "verified_tokens")
+            "proposed_tokens",
+            "accepted_tokens",
+            "verified_tokens",
+        )
 
     def test_classify_returns_a_copy_that_cannot_change_the_table(self):
         first = families.classify_speculative_strategy("ngram")
@@ -47,8 +47,14 @@ class TestFamilies:
 
 class TestAdmission:
     def facts(self, **kw):
-        base = dict(enabled=True, backend_supported=True, asset_ready=True, compatible=True,
-                    estimated_memory_gb=1.0, memory_limit_gb=2.0)
+        base = dict(
+            enabled=True,
+            backend_supported=True,
+            asset_ready=True,
+            compatible=True,
+            estimated_memory_gb=1.0,
+            memory_limit_gb=2.0,
+        )
         return AdmissionFacts(**{**base, **kw})
 
     def test_the_first_failing_gate_decides(self):
@@ -77,18 +83,28 @@ class TestAdmission:
 
 
 def _run(role, **kw):
-    base = dict(run_status=RunStatus.COMPLETED, role=role, target_snapshot="rev", workload_key="w",
-                sampling_key="s",
-                execution_path=ExecutionPath.TARGET_ONLY if role == "baseline" else ExecutionPath.SPECULATIVE,
-                throughput_tokens_per_s=100.0, ttft_p95_ms=50.0, e2e_p95_ms=900.0, peak_memory_mb=6000.0,
-                quality_ok=True, mechanism_active=True if role == "candidate" else None)
+    base = dict(
+        run_status=RunStatus.COMPLETED,
+        role=role,
+        target_snapshot="rev",
+        workload_key="w",
+        sampling_key="s",
+        execution_path=ExecutionPath.TARGET_ONLY if role == "baseline" else ExecutionPath.SPECULATIVE,
+        throughput_tokens_per_s=100.0,
+        ttft_p95_ms=50.0,
+        e2e_p95_ms=900.0,
+        peak_memory_mb=6000.0,
+        quality_ok=True,
+        mechanism_active=True if role == "candidate" else None,
+    )
     return RunSummary(**{**base, **kw})
 
 
 class TestEvidence:
     def test_every_fixed_field_mismatch_is_listed(self):
-        ev = evidence.build_pair_evidence(_run("baseline"), _run("candidate", target_snapshot="x",
-                                                                 sampling_key="y"))
+        ev = evidence.build_pair_evidence(
+            _run("baseline"), _run("candidate", target_snapshot="x", sampling_key="y")
+        )
         assert ev.status is EvidenceStatus.INCOMPARABLE
         assert ev.mismatches == ("target_snapshot", "sampling_key")
 
@@ -98,7 +114,9 @@ class TestEvidence:
         assert ev.missing_evidence == ("speculative_execution_path",)
 
     def test_missing_metrics_are_named(self):
-        ev = evidence.build_pair_evidence(_run("baseline", ttft_p95_ms=None), _run("candidate", peak_memory_mb=None))
+        ev = evidence.build_pair_evidence(
+            _run("baseline", ttft_p95_ms=None), _run("candidate", peak_memory_mb=None)
+        )
         assert ev.missing_evidence == ("ttft_p95_ms", "peak_memory_mb")
 
     def test_a_zero_baseline_gives_no_ratio(self):
@@ -107,8 +125,10 @@ class TestEvidence:
         assert "nonzero_baseline_throughput_tokens_per_s" in ev.missing_evidence
 
     def test_ratios_are_candidate_over_baseline(self):
-        ev = evidence.build_pair_evidence(_run("baseline"), _run("candidate", throughput_tokens_per_s=150.0,
-                                                                 ttft_p95_ms=25.0, e2e_p95_ms=450.0))
+        ev = evidence.build_pair_evidence(
+            _run("baseline"),
+            _run("candidate", throughput_tokens_per_s=150.0, ttft_p95_ms=25.0, e2e_p95_ms=450.0),
+        )
         assert (ev.throughput_speedup, ev.ttft_ratio, ev.e2e_p95_ratio) == (1.5, 0.5, 0.5)
 
     def test_a_failed_baseline_leaves_the_pair_not_evaluated(self):
@@ -128,20 +148,27 @@ class TestDecision:
         d = decision.decide(self.comparable(quality_ok=False, mechanism_active=False), Thresholds())
         assert d.verdict is Verdict.REJECT
 
-    @pytest.mark.parametrize("kw,missed", [
-        ({"throughput_tokens_per_s": 109.0}, ["throughput_speedup"]),
-        ({"throughput_tokens_per_s": 120.0, "ttft_p95_ms": 56.0}, ["ttft_ratio"]),
-        ({"throughput_tokens_per_s": 120.0, "e2e_p95_ms": 946.0}, ["e2e_p95_ratio"]),
-        ({"throughput_tokens_per_s": 120.0, "peak_memory_mb": 10501.0}, ["peak_memory_mb"]),
-    ])
+    @pytest.mark.parametrize(
+        "kw,missed",
+        [
+            ({"throughput_tokens_per_s": 109.0}, ["throughput_speedup"]),
+            ({"throughput_tokens_per_s": 120.0, "ttft_p95_ms": 56.0}, ["ttft_ratio"]),
+            ({"throughput_tokens_per_s": 120.0, "e2e_p95_ms": 946.0}, ["e2e_p95_ratio"]),
+            ({"throughput_tokens_per_s": 120.0, "peak_memory_mb": 10501.0}, ["peak_memory_mb"]),
+        ],
+    )
     def test_each_missed_gate_is_named(self, kw, missed):
         d = decision.decide(self.comparable(**kw), Thresholds())
         assert d.verdict is Verdict.TUNE
         assert [g.name for g in d.missed_gates] == missed
 
     def test_gate_boundaries_pass(self):
-        d = decision.decide(self.comparable(throughput_tokens_per_s=110.0, ttft_p95_ms=55.0,
-                                            e2e_p95_ms=945.0, peak_memory_mb=10500.0), Thresholds())
+        d = decision.decide(
+            self.comparable(
+                throughput_tokens_per_s=110.0, ttft_p95_ms=55.0, e2e_p95_ms=945.0, peak_memory_mb=10500.0
+            ),
+            Thresholds(),
+        )
         assert d.verdict is Verdict.ACCEPT
 
     def test_acceptance_rate_is_not_a_gate(self):
@@ -150,8 +177,11 @@ class TestDecision:
     def test_dict_face_lists_missed_gates(self):
         ev = evidence.evidence_to_mapping(self.comparable(throughput_tokens_per_s=100.0))
         out = decision.decide_speculative_candidate(ev, {"min_throughput_speedup": 1.1})
-        assert out == {"decision": "tune", "reason": "one_or_more_performance_gates_failed",
-                       "missed_gates": ["throughput_speedup"]}
+        assert out == {
+            "decision": "tune",
+            "reason": "one_or_more_performance_gates_failed",
+            "missed_gates": ["throughput_speedup"],
+        }
 
 
 class TestStats:
@@ -162,8 +192,12 @@ class TestStats:
         assert stats.percentile(values, 99) == pytest.approx(3.97)
 
     def test_empty_is_none_not_zero(self):
-        assert stats.percentiles([], "ttft_ms") == {"p50_ttft_ms": None, "p95_ttft_ms": None,
-                                                   "p99_ttft_ms": None, "mean_ttft_ms": None}
+        assert stats.percentiles([], "ttft_ms") == {
+            "p50_ttft_ms": None,
+            "p95_ttft_ms": None,
+            "p99_ttft_ms": None,
+            "mean_ttft_ms": None,
+        }
 
     def test_out_of_range_q_is_an_error(self):
         with pytest.raises(ValueError, match="within"):
@@ -176,8 +210,9 @@ class TestParity:
         assert result.quality_ok and result.matched == 2
 
     def test_first_divergence_names_char_and_token(self):
-        result = parity.compare_outputs({"a": "The cat sat"}, {"a": "The cat ran"}, {"a": "p"},
-                                        {"a": [1, 2, 3]}, {"a": [1, 2, 4]})
+        result = parity.compare_outputs(
+            {"a": "The cat sat"}, {"a": "The cat ran"}, {"a": "p"}, {"a": [1, 2, 3]}, {"a": [1, 2, 4]}
+        )
         d = result.first_divergence
         assert not result.quality_ok
         assert (d.request_id, d.char_index, d.token_index) == ("a", 8, 2)

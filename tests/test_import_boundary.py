@@ -5,23 +5,41 @@ import sys
 
 import pytest
 
-CORE = ["pytest_specsel", "pytest_specsel.records", "pytest_specsel.families", "pytest_specsel.admission",
-        "pytest_specsel.evidence", "pytest_specsel.decision", "pytest_specsel.study",
-        "pytest_specsel.workloads", "pytest_specsel.stats", "pytest_specsel.parity",
-        "pytest_specsel.measurement", "pytest_specsel.artifacts", "pytest_specsel.gating",
-        "pytest_specsel.runner", "pytest_specsel.outcome", "pytest_specsel.backends.protocol"]
-BLOCKED = ["pytest", "_pytest", "httpx", "httpx_sse", "pynvml", "vllm", "prometheus_client", "torch",
-           "huggingface_hub"]
+CORE = [
+    "pytest_specsel",
+    "pytest_specsel.records",
+    "pytest_specsel.families",
+    "pytest_specsel.admission",
+    "pytest_specsel.evidence",
+    "pytest_specsel.decision",
+    "pytest_specsel.study",
+    "pytest_specsel.workloads",
+    "pytest_specsel.stats",
+    "pytest_specsel.parity",
+    "pytest_specsel.measurement",
+    "pytest_specsel.artifacts",
+    "pytest_specsel.gating",
+    "pytest_specsel.runner",
+    "pytest_specsel.outcome",
+    "pytest_specsel.backends.protocol",
+]
+BLOCKED = [
+    "pytest",
+    "_pytest",
+    "httpx",
+    "httpx_sse",
+    "pynvml",
+    "vllm",
+    "prometheus_client",
+    "torch",
+    "huggingface_hub",
+]
 
 
 @pytest.mark.parametrize("module", CORE)
 def test_core_module_imports_without_heavy_dependencies(module):
     code = (
-        "import sys\n"
-        f"for name in {BLOCKED!r}:\n"
-        "    sys.modules[name] = None\n"
-        f"import {module}\n"
-        "print('ok')\n"
+        f"import sys\nfor name in {BLOCKED!r}:\n    sys.modules[name] = None\nimport {module}\nprint('ok')\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

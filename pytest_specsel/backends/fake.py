@@ -7,25 +7,23 @@ fast, slow, divergent, failing to launch, or silent on telemetry.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_specsel.backends.protocol import AssetFacts
-from pytest_specsel.backends.protocol import BackendBundle
-from pytest_specsel.backends.protocol import Capability
-from pytest_specsel.backends.protocol import ClientRun
-from pytest_specsel.backends.protocol import LaunchError
-from pytest_specsel.backends.protocol import LaunchSpec
-from pytest_specsel.backends.protocol import MemorySampler
-from pytest_specsel.backends.protocol import Progress
-from pytest_specsel.backends.protocol import ServerHandle
-from pytest_specsel.measurement import MemoryReading
-from pytest_specsel.measurement import RequestRecord
-from pytest_specsel.measurement import SpecCounters
-from pytest_specsel.study import Strategy
-from pytest_specsel.study import Study
+from pytest_specsel.backends.protocol import (
+    AssetFacts,
+    BackendBundle,
+    Capability,
+    ClientRun,
+    LaunchError,
+    LaunchSpec,
+    MemorySampler,
+    Progress,
+    ServerHandle,
+)
+from pytest_specsel.measurement import MemoryReading, RequestRecord, SpecCounters
+from pytest_specsel.study import Strategy, Study
 from pytest_specsel.workloads import Prompt
 
 __all__ = ["FakeScript", "fake_bundle"]
@@ -73,8 +71,9 @@ class _Handle:
 
 
 class _World:
-    def __init__(self, scripts: Mapping[str, FakeScript], capability: Capability,
-                 assets: Mapping[str, AssetFacts]) -> None:
+    def __init__(
+        self, scripts: Mapping[str, FakeScript], capability: Capability, assets: Mapping[str, AssetFacts]
+    ) -> None:
         self.scripts = scripts
         self.capability = capability
         self.assets = assets
@@ -95,11 +94,13 @@ class _Prober:
         return self.world.capability
 
     def inspect(self, study: Study, strategy: Strategy, capability: Capability) -> AssetFacts:
-        default = AssetFacts("/fake/target", "fake-rev-1", None, None, True, True, False, 1.0, 10.0,
-                             {"asset": "fake target"})
+        default = AssetFacts(
+            "/fake/target", "fake-rev-1", None, None, True, True, False, 1.0, 10.0, {"asset": "fake target"}
+        )
         if strategy.family in ("mtp", "eagle", "dflash", "dspark"):
-            default = dataclasses.replace(default, asset_ready=False,
-                                          details={"asset": f"no {strategy.family} asset (fake)"})
+            default = dataclasses.replace(
+                default, asset_ready=False, details={"asset": f"no {strategy.family} asset (fake)"}
+            )
         return self.world.assets.get(strategy.group, default)
 
     def wait_released(self, timeout_s: float) -> bool:
@@ -128,9 +129,21 @@ class _Client:
     def __init__(self, world: _World) -> None:
         self.world = world
 
-    def run(self, base_url: str, model: str, prompts: Sequence[Prompt], *, concurrency: int,
-            warmup: int, repeats: int, max_tokens: int, temperature: float, timeout_s: float,
-            sink: list[RequestRecord] | None = None, progress: Progress | None = None) -> ClientRun:
+    def run(
+        self,
+        base_url: str,
+        model: str,
+        prompts: Sequence[Prompt],
+        *,
+        concurrency: int,
+        warmup: int,
+        repeats: int,
+        max_tokens: int,
+        temperature: float,
+        timeout_s: float,
+        sink: list[RequestRecord] | None = None,
+        progress: Progress | None = None,
+    ) -> ClientRun:
         group = base_url.removeprefix("fake://")
         handle = self.world.handles[group]
         script = self.world.script(group)
@@ -142,11 +155,21 @@ class _Client:
                 if p.request_id in script.diverge:
                     text += " (changed)"
                 e2e = script.ttft_s + script.token_s * (n - 1)
-                records.append(RequestRecord(
-                    p.request_id, rep, p.prompt, text, i * 0.001, script.ttft_s * 1000,
-                    tuple([script.token_s * 1000] * (n - 1)), e2e * 1000, 10, n,
-                    error="fake request failure" if script.request_fails else None,
-                ))
+                records.append(
+                    RequestRecord(
+                        p.request_id,
+                        rep,
+                        p.prompt,
+                        text,
+                        i * 0.001,
+                        script.ttft_s * 1000,
+                        tuple([script.token_s * 1000] * (n - 1)),
+                        e2e * 1000,
+                        10,
+                        n,
+                        error="fake request failure" if script.request_fails else None,
+                    )
+                )
         if script.interrupt:
             if sink is not None:
                 sink.extend(records[: len(records) // 2])
@@ -157,8 +180,11 @@ class _Client:
             drafts = float(len(records) * 4)
             c = handle.counters
             handle.counters = SpecCounters(
-                c.drafts + drafts, c.draft_tokens + drafts * 5,
-                c.accepted_tokens + drafts * 5 * script.acceptance, ())
+                c.drafts + drafts,
+                c.draft_tokens + drafts * 5,
+                c.accepted_tokens + drafts * 5 * script.acceptance,
+                (),
+            )
         duration = len(records) * (script.ttft_s + script.token_s * (n - 1)) / concurrency
         return ClientRun(tuple(records), warmup, duration)
 
@@ -195,13 +221,22 @@ def fake_bundle(
     capability_error: str | None = None,
 ) -> tuple[BackendBundle, Any]:
     """A bundle plus its world (``.events``, ``.max_alive``) for assertions."""
-    capability = Capability("vllm", ("fake-vllm",), version, True, tuple(methods), "cpu", "fake cpu",
-                            16000.0, {"python": "3.11", "fake": True}, capability_error)
+    capability = Capability(
+        "vllm",
+        ("fake-vllm",),
+        version,
+        True,
+        tuple(methods),
+        "cpu",
+        "fake cpu",
+        16000.0,
+        {"python": "3.11", "fake": True},
+        capability_error,
+    )
     world = _World(scripts or {}, capability, assets or {})
 
     def memory() -> MemorySampler:
         return _Memory(world)
 
-    bundle = BackendBundle("fake", _Prober(world), _Launcher(world), _Client(world), _Scraper(world),
-                           memory)
+    bundle = BackendBundle("fake", _Prober(world), _Launcher(world), _Client(world), _Scraper(world), memory)
     return bundle, world

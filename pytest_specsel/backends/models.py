@@ -13,8 +13,7 @@ import hashlib
 import json
 import os
 import struct
-from collections.abc import Iterable
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +28,30 @@ __all__ = [
     "safetensors_weight_bytes",
 ]
 
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
-                "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+_DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 _SERVE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 #: keys of config.json that declare native MTP layers (the contract's and vLLM's spellings)
 MTP_KEYS = ("num_nextn_predict_layers", "num_mtp_modules", "mtp_num_hidden_layers")
 #: keys under which a draft checkpoint names the target it was trained for
-_DECLARED_TARGET_KEYS = ("target_model", "target_model_name_or_path", "base_model_name_or_path",
-                         "verifier_name_or_path")
+_DECLARED_TARGET_KEYS = (
+    "target_model",
+    "target_model_name_or_path",
+    "base_model_name_or_path",
+    "verifier_name_or_path",
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -164,7 +179,10 @@ def check_pair(target: Path, target_ref: str, proposer: Path, family: str) -> tu
     if family == "eagle":
         t_hidden, p_hidden = t_conf.get("hidden_size"), p_conf.get("hidden_size")
         if t_hidden is not None and p_hidden is not None and t_hidden != p_hidden:
-            return False, f"hidden_size: target {t_hidden} != proposer {p_hidden} (EAGLE reads target features)"
+            return (
+                False,
+                f"hidden_size: target {t_hidden} != proposer {p_hidden} (EAGLE reads target features)",
+            )
     t_special, p_special = _special_tokens(target), _special_tokens(proposer)
     for key in sorted(set(t_special) & set(p_special)):
         if t_special[key] != p_special[key]:

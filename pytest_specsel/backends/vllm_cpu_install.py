@@ -30,8 +30,10 @@ SHIM_MARKER = "pytest-specsel-shim"
 
 
 def _installed(name: str, path: list[str] | None) -> str | None:
-    dists = importlib.metadata.distributions(name=name, path=path) if path else (
-        importlib.metadata.distributions(name=name)
+    dists = (
+        importlib.metadata.distributions(name=name, path=path)
+        if path
+        else (importlib.metadata.distributions(name=name))
     )
     for dist in dists:
         return str(dist.version)

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 from pytest_specsel.backends.bundled import BUNDLED_REPO_ID
-from pytest_specsel.backends.vllm import probe_vllm
-from pytest_specsel.backends.vllm import resolve_vllm_command
+from pytest_specsel.backends.vllm import probe_vllm, resolve_vllm_command
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(resolve_vllm_command() is None, reason="no vllm executable: run bash scripts/setup-cpu.sh"),
+    pytest.mark.skipif(
+        resolve_vllm_command() is None, reason="no vllm executable: run bash scripts/setup-cpu.sh"
+    ),
 ]
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,7 +37,9 @@ def test_the_plugin_measures_g0_and_g1_for_real(pytester):
     shutil.copytree(REPO / "benchmarks" / "workloads", pytester.path / "workloads")
     shutil.copy(REPO / "benchmarks" / "test_speculative_selection.py", pytester.path)
     (pytester.path / ".specsel").symlink_to(REPO / ".specsel")
-    pytester.makefile(".toml", specsel=f"""
+    pytester.makefile(
+        ".toml",
+        specsel=f"""
 [specsel]
 results_dir = "results"
 [specsel.target]
@@ -53,18 +56,29 @@ concurrency = [1]
 num_prompts = 4
 warmup = 1
 max_tokens = 48
-""")
+""",
+    )
     result = pytester.runpytest_subprocess(
-        "--specsel-cpu", "--specsel-label", "e2e", "-rsxf", "-p", "no:cacheprovider",
-        "--json-report", "--json-report-file=report.json", timeout=1500)
-    result.stdout.fnmatch_lines([
-        "*g0_target_only: server ready in*",
-        "*g1_ngram: server ready in*",
-        "*specsel: speculative-decoding selection*",
-        "g0_target_only-repetition-c1*completed*4/4 self*baseline",
-        "g1_ngram-repetition-c1*completed*",
-        "g2_mtp: asset_missing: required_model_asset_unavailable*model_type 'llama' has none of*",
-    ])
+        "--specsel-cpu",
+        "--specsel-label",
+        "e2e",
+        "-rsxf",
+        "-p",
+        "no:cacheprovider",
+        "--json-report",
+        "--json-report-file=report.json",
+        timeout=1500,
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "*g0_target_only: server ready in*",
+            "*g1_ngram: server ready in*",
+            "*specsel: speculative-decoding selection*",
+            "g0_target_only-repetition-c1*completed*4/4 self*baseline",
+            "g1_ngram-repetition-c1*completed*",
+            "g2_mtp: asset_missing: required_model_asset_unavailable*model_type 'llama' has none of*",
+        ]
+    )
     outcomes = result.parseoutcomes()
     assert outcomes.get("skipped") == 4  # G2..G5
     assert outcomes.get("passed", 0) + outcomes.get("xfailed", 0) + outcomes.get("failed", 0) == 2
@@ -72,8 +86,14 @@ max_tokens = 48
     root = pytester.path / "results" / "e2e"
     manifest = json.loads((root / "manifest.json").read_text())
     statuses = {g["group"]: g["run_status"] for g in manifest["groups"]}
-    assert statuses == {"g0_target_only": "completed", "g1_ngram": "completed", "g2_mtp": "asset_missing",
-                        "g3_eagle": "asset_missing", "g4_dflash": "asset_missing", "g5_dspark": "asset_missing"}
+    assert statuses == {
+        "g0_target_only": "completed",
+        "g1_ngram": "completed",
+        "g2_mtp": "asset_missing",
+        "g3_eagle": "asset_missing",
+        "g4_dflash": "asset_missing",
+        "g5_dspark": "asset_missing",
+    }
     env = manifest["environment"]
     assert env["version"] and env["runtime"]["torch"] and env["device"] == "cpu"
 
@@ -93,7 +113,10 @@ max_tokens = 48
         assert len(r["token_ids"]) == r["output_tokens"]
     base_raw = json.loads((root / "raw" / "g0_target_only__repetition-c1.json").read_text())
     assert base_raw["telemetry"]["source"] == "not_exported"
-    assert base_raw["memory"]["measured"] == "cpu_rss_server_process_tree" and base_raw["memory"]["peak_mb"] > 100
+    assert (
+        base_raw["memory"]["measured"] == "cpu_rss_server_process_tree"
+        and base_raw["memory"]["peak_mb"] > 100
+    )
     assert (root / "logs" / "g0_target_only.log").read_text().count("vllm") > 0
 
     report = json.loads((pytester.path / "report.json").read_text())
