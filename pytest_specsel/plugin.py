@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from pytest_specsel import hookspecs
-from pytest_specsel.options import add_options, resolve_settings
+from pytest_specsel.options import OPT_GPU, add_options, resolve_settings
 from pytest_specsel.session import OUTCOME_KEY, Case, CaseParam, GroupServer, SpecselSession, case_of
 
 SESSION_KEY = pytest.StashKey[SpecselSession]()
@@ -60,7 +60,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption(OPT_GPU):
+        skip_gpu = pytest.mark.skip(reason=f"gpu test: pass {OPT_GPU} on a CUDA machine to run it")
+        for item in items:
+            if item.get_closest_marker("gpu"):
+                item.add_marker(skip_gpu)
     # G0 first, then G1..G5: one server at a time, baselines before candidates.
     order = {g: i for i, g in enumerate(("g0", "g1", "g2", "g3", "g4", "g5"))}
 

@@ -54,7 +54,7 @@ DEFAULTS: dict[str, Any] = {
         "gpu_memory_utilization": 0.80,
         "enforce_eager": True,
         "cpu_kvcache_space_gb": 2,
-        "omp_num_threads": 0,
+        "cpu_reserved_cores": -1,
         "startup_timeout_s": 900.0,
         "request_timeout_s": 180.0,
         "extra_args": [],
@@ -142,8 +142,8 @@ class Backend:
     gpu_memory_utilization: float
     enforce_eager: bool
     cpu_kvcache_space_gb: int
-    #: 0 leaves OpenMP's thread count to vLLM
-    omp_num_threads: int
+    #: cores vLLM-CPU keeps free of OpenMP compute threads; -1 leaves it to vLLM
+    cpu_reserved_cores: int
     startup_timeout_s: float
     request_timeout_s: float
     extra_args: tuple[str, ...]
@@ -308,9 +308,9 @@ def study_from_mapping(
         raise loc.error("backend.gpu_memory_utilization", f"{util!r} must lie strictly between 0 and 1")
     if b["dtype"] not in ("auto", "float32", "bfloat16", "float16", "half", "float"):
         raise loc.error("backend.dtype", f"{b['dtype']!r} must be auto, float32, bfloat16 or float16")
-    omp = _typed(b["omp_num_threads"], int, "backend.omp_num_threads", loc)
-    if omp < 0:
-        raise loc.error("backend.omp_num_threads", f"{omp!r} must be >= 0 (0 = vLLM's choice)")
+    reserved = _typed(b["cpu_reserved_cores"], int, "backend.cpu_reserved_cores", loc)
+    if reserved < -1:
+        raise loc.error("backend.cpu_reserved_cores", f"{reserved!r} must be >= 0, or -1 for vLLM's choice")
     extra = b["extra_args"]
     if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
         raise loc.error("backend.extra_args", f"{extra!r} must be a list of strings (one argv item each)")
@@ -326,7 +326,7 @@ def study_from_mapping(
             "backend.cpu_kvcache_space_gb",
             loc,
         ),
-        omp_num_threads=omp,
+        cpu_reserved_cores=reserved,
         startup_timeout_s=_typed(b["startup_timeout_s"], float, "backend.startup_timeout_s", loc),
         request_timeout_s=_typed(b["request_timeout_s"], float, "backend.request_timeout_s", loc),
         extra_args=tuple(extra),
@@ -457,6 +457,7 @@ def load_study(path: Path | None, rootdir: Path) -> Study:
     """
     candidates: list[tuple[Path, str]] = []
     if path is not None:
+        path = path.resolve()
         if not path.is_file():
             raise StudyError(f"specsel: --specsel-config {str(path)!r}: no such file")
         prefix = "tool.specsel" if path.name == "pyproject.toml" else "specsel"

@@ -1,6 +1,7 @@
 """The pytest glue, driven by pytester with the in-memory backend (no server starts)."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -244,6 +245,23 @@ class TestFiles:
         test = next(t for t in report["tests"] if "g1_ngram" in t["nodeid"])
         assert test["metadata"]["specsel"]["decision"] == "accept"
         assert test["metadata"]["specsel"]["throughput_speedup"] == pytest.approx(1.6, rel=0.01)
+
+    def test_benchmark_json_carries_each_measured_scenario(self, project):
+        p = project("{'g1_ngram': FakeScript(token_s=0.005)}")
+        p.makepyfile(
+            test_selection=(
+                Path(__file__).parents[1] / "benchmarks" / "test_speculative_selection.py"
+            ).read_text()
+        )
+        result = p.runpytest(
+            "--specsel-cpu", "--specsel-label", "b", "-k", "general-c1", "--benchmark-json=bench.json"
+        )
+        result.assert_outcomes(passed=2, skipped=4, deselected=18)
+        bench = json.loads((p.path / "bench.json").read_text())
+        infos = {b["param"]: b["extra_info"] for b in bench["benchmarks"]}
+        assert set(infos) == {"g0_target_only-general-c1", "g1_ngram-general-c1"}
+        assert infos["g1_ngram-general-c1"]["decision"] == "accept"
+        assert infos["g1_ngram-general-c1"]["acceptance_rate"] == pytest.approx(0.6)
 
     def test_terminal_summary_has_a_row_per_case(self, project):
         p = project("{'g1_ngram': FakeScript(token_s=0.005)}")

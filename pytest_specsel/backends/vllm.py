@@ -262,8 +262,8 @@ def serve_env(spec: LaunchSpec) -> dict[str, str]:
     env.setdefault("HF_HUB_OFFLINE", "1")
     if spec.device == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(spec.settings.cpu_kvcache_space_gb)
-        if spec.settings.omp_num_threads:
-            env["OMP_NUM_THREADS"] = str(spec.settings.omp_num_threads)
+        if spec.settings.cpu_reserved_cores >= 0:
+            env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(spec.settings.cpu_reserved_cores)
     return env
 
 
