@@ -133,6 +133,8 @@ class Selection:
         self.baselines: dict[str, dict[str, ScenarioResult]] = {}
         self._workloads: dict[str, Workload] = {}
         self.interrupted = False
+        #: per server name: the scenario keys it will measure, for progress messages
+        self._plan: dict[str, list[str]] = {}
         self.started = time.time()
         self.timings: dict[str, float] = {}
 
@@ -209,8 +211,10 @@ class Selection:
         state = self.groups[group]
         if state.run_status is not RunStatus.RUNNABLE or state.assets is None:
             raise RuntimeError(f"specsel: {group} is {state.run_status.value}, not runnable")
+        keys = list(needed) or [s.key for s in self.scenarios]
+        self._plan[group] = keys
         if group != BASELINE_GROUP:
-            self.ensure_baseline(state.track, needed or [s.key for s in self.scenarios])
+            self.ensure_baseline(state.track, keys)
         assert state.assets.target_path is not None
         try:
             return self._launch(group, state.strategy, state, state.assets.target_path, state.spec_config)
@@ -252,6 +256,7 @@ class Selection:
                 return
             name, target_path, state = f"{BASELINE_GROUP}@{_slug(track)}", cand.assets.target_path, None
         assert target_path is not None
+        self._plan[name] = missing
         self.say(f"[specsel] {name}: measuring baseline for {', '.join(missing)} (needed by a candidate)")
         try:
             handle = self._launch(name, g0.strategy, state, target_path, None)
@@ -333,10 +338,10 @@ class Selection:
         state: GroupState | None,
     ) -> ScenarioResult:
         t0 = time.monotonic()
-        index = len(self.scenarios)
-        position = [s.key for s in self.scenarios].index(scenario.key) + 1
+        plan = self._plan.get(name) or [s.key for s in self.scenarios]
+        position = plan.index(scenario.key) + 1 if scenario.key in plan else len(plan) + 1
         self.say(
-            f"[specsel] {name}: scenario {position} of {index}: {scenario.key} "
+            f"[specsel] {name}: scenario {position} of {len(plan)}: {scenario.key} "
             f"(warmup {self.study.warmup}, {self.study.num_prompts} prompts x {self.study.repeats})"
         )
         before, scrape_error = self._scrape(handle)
