@@ -76,12 +76,13 @@ def build_pair_evidence(baseline: RunSummary, candidate: RunSummary) -> PairEvid
     )
 
 
+def _float(data: Mapping[str, Any], key: str) -> float | None:
+    value = data.get(key)
+    return None if value is None else float(value)
+
+
 def run_summary_from_mapping(data: Mapping[str, Any]) -> RunSummary:
     """Read a seed-style run dict; unknown statuses raise ``ValueError``."""
-
-    def _float(key: str) -> float | None:
-        value = data.get(key)
-        return None if value is None else float(value)
 
     path = data.get("execution_path")
     quality = data.get("quality_ok")
@@ -93,10 +94,10 @@ def run_summary_from_mapping(data: Mapping[str, Any]) -> RunSummary:
         workload_key=data.get("workload_key"),
         sampling_key=data.get("sampling_key"),
         execution_path=None if path is None else ExecutionPath(str(path)),
-        throughput_tokens_per_s=_float("throughput_tokens_per_s"),
-        ttft_p95_ms=_float("ttft_p95_ms"),
-        e2e_p95_ms=_float("e2e_p95_ms"),
-        peak_memory_mb=_float("peak_memory_mb"),
+        throughput_tokens_per_s=_float(data, "throughput_tokens_per_s"),
+        ttft_p95_ms=_float(data, "ttft_p95_ms"),
+        e2e_p95_ms=_float(data, "e2e_p95_ms"),
+        peak_memory_mb=_float(data, "peak_memory_mb"),
         quality_ok=None if quality is None else bool(quality),
         mechanism_active=None if active is None else bool(active),
     )
@@ -126,10 +127,6 @@ def evidence_to_mapping(evidence: PairEvidence) -> dict[str, Any]:
 
 
 def evidence_from_mapping(data: Mapping[str, Any]) -> PairEvidence:
-    def _float(key: str) -> float | None:
-        value = data.get(key)
-        return None if value is None else float(value)
-
     run_status = data.get("candidate_run_status")
     quality = data.get("quality_ok")
     return PairEvidence(
@@ -137,10 +134,10 @@ def evidence_from_mapping(data: Mapping[str, Any]) -> PairEvidence:
         mismatches=tuple(data.get("mismatches") or ()),
         missing_evidence=tuple(data.get("missing_evidence") or ()),
         candidate_run_status=RunStatus(run_status) if run_status in set(RunStatus) else None,
-        throughput_speedup=_float("throughput_speedup"),
-        ttft_ratio=_float("ttft_ratio"),
-        e2e_p95_ratio=_float("e2e_p95_ratio"),
-        candidate_peak_memory_mb=_float("candidate_peak_memory_mb"),
+        throughput_speedup=_float(data, "throughput_speedup"),
+        ttft_ratio=_float(data, "ttft_ratio"),
+        e2e_p95_ratio=_float(data, "e2e_p95_ratio"),
+        candidate_peak_memory_mb=_float(data, "candidate_peak_memory_mb"),
         quality_ok=None if quality is None else bool(quality),
         mechanism_active=data.get("mechanism_active"),
     )

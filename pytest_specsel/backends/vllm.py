@@ -135,6 +135,11 @@ def _driver_version() -> str | None:
         return None
 
 
+def _unprobed(command: tuple[str, ...], device: str, runtime: dict[str, Any], error: str) -> Capability:
+    """A capability that says why probing did not get as far as vLLM."""
+    return Capability("vllm", command, None, False, (), device, None, None, runtime, error=error)
+
+
 def probe_vllm(device: str, override: str | None = None, timeout_s: float = 300.0) -> Capability:
     """Probe the vllm this session would launch, without importing it here.
 
@@ -143,51 +148,18 @@ def probe_vllm(device: str, override: str | None = None, timeout_s: float = 300.
     found = resolve_vllm_command(override)
     runtime: dict[str, Any] = {"platform": sys.platform, **_cpu_facts(), "driver": _driver_version()}
     if found is None:
-        return Capability(
-            "vllm",
-            (),
-            None,
-            False,
-            (),
-            device,
-            None,
-            None,
-            runtime,
-            error=f"no vllm executable (set ${ENV_VLLM} or install the backend)",
-        )
+        return _unprobed((), device, runtime, f"no vllm executable (set ${ENV_VLLM} or install the backend)")
     command, python = found
     try:
         proc = subprocess.run(
             [python, "-c", _PROBE_SCRIPT], capture_output=True, text=True, timeout=timeout_s
         )
     except subprocess.TimeoutExpired:
-        return Capability(
-            "vllm",
-            command,
-            None,
-            False,
-            (),
-            device,
-            None,
-            None,
-            runtime,
-            error=f"probe timed out after {timeout_s:g}s",
-        )
+        return _unprobed(command, device, runtime, f"probe timed out after {timeout_s:g}s")
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("SPECSEL_PROBE ")), None)
     if line is None:
         tail = "\n".join(proc.stderr.splitlines()[-10:])
-        return Capability(
-            "vllm",
-            command,
-            None,
-            False,
-            (),
-            device,
-            None,
-            None,
-            runtime,
-            error=f"probe failed (exit {proc.returncode}): {tail}",
-        )
+        return _unprobed(command, device, runtime, f"probe failed (exit {proc.returncode}): {tail}")
     data = json.loads(line.removeprefix("SPECSEL_PROBE "))
     runtime.update(
         python=data.get("python"),
