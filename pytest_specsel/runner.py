@@ -367,7 +367,11 @@ class Selection:
         if baseline and self.study.baseline_self_check and error is None:
             self_sink: list[RequestRecord] = []
             # The server is warm by now: the second pass needs no warmup of its own.
-            self_requests, _, self_error = self._pass(name, handle, scenario, "self-check", self_sink, 0)
+            try:
+                self_requests, _, self_error = self._pass(name, handle, scenario, "self-check", self_sink, 0)
+            except KeyboardInterrupt as exc:
+                # The measured pass is complete and is kept; only the self-check is lost.
+                interrupt, self_requests, self_error = exc, tuple(self_sink), "interrupted"
             if self_error is None:
                 self_check = self._parity(requests, self_requests)
         telemetry = telemetry_from_counters(before, after, _TELEMETRY_SOURCE)

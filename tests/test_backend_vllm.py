@@ -309,19 +309,34 @@ class TestRealInspect:
         return admit(admission_facts(study.strategy(group), cap, facts)), facts
 
     def target(self, tmp_path, **extra):
-        return write_model(tmp_path / "target", {"model_type": "llama", "vocab_size": 100, "hidden_size": 64,
-                                                 "num_hidden_layers": 2, "num_attention_heads": 4, **extra},
-                           tensors={"w": ("BF16", [1024, 1024])})
+        return write_model(
+            tmp_path / "target",
+            {
+                "model_type": "llama",
+                "vocab_size": 100,
+                "hidden_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                **extra,
+            },
+            tensors={"w": ("BF16", [1024, 1024])},
+        )
 
     def test_a_local_paired_checkpoint_is_admitted(self, tmp_path):
         self.target(tmp_path)
-        write_model(tmp_path / "eagle", {"vocab_size": 100, "hidden_size": 64}, tensors={"w": ("BF16", [64, 64])})
-        result, facts = self.admit(tmp_path, """
+        write_model(
+            tmp_path / "eagle", {"vocab_size": 100, "hidden_size": 64}, tensors={"w": ("BF16", [64, 64])}
+        )
+        result, facts = self.admit(
+            tmp_path,
+            """
             [specsel.target]
             model = "target"
             [specsel.strategies.g3_eagle]
             asset = "eagle"
-        """, "g3_eagle")
+        """,
+            "g3_eagle",
+        )
         assert result.status.value == "runnable", result
         assert facts.asset_path == str((tmp_path / "eagle").resolve())
         assert facts.target_snapshot.startswith("sha256:")
@@ -329,13 +344,20 @@ class TestRealInspect:
     def test_a_mismatched_checkpoint_is_incompatible_naming_the_field(self, tmp_path):
         self.target(tmp_path)
         write_model(tmp_path / "eagle", {"vocab_size": 999}, tensors={"w": ("BF16", [64, 64])})
-        result, _ = self.admit(tmp_path, """
+        result, _ = self.admit(
+            tmp_path,
+            """
             [specsel.target]
             model = "target"
             [specsel.strategies.g3_eagle]
             asset = "eagle"
-        """, "g3_eagle")
-        assert (result.status.value, result.detail) == ("incompatible", "vocab_size: target 100 != proposer 999")
+        """,
+            "g3_eagle",
+        )
+        assert (result.status.value, result.detail) == (
+            "incompatible",
+            "vocab_size: target 100 != proposer 999",
+        )
 
     def test_native_mtp_layers_admit_g2_and_their_absence_is_asset_missing(self, tmp_path):
         self.target(tmp_path, num_nextn_predict_layers=1)
@@ -344,17 +366,26 @@ class TestRealInspect:
 
     def test_an_estimate_over_the_budget_is_capacity_blocked(self, tmp_path):
         self.target(tmp_path)
-        result, facts = self.admit(tmp_path, """
+        result, facts = self.admit(
+            tmp_path,
+            """
             [specsel.target]
             model = "target"
             [specsel.gates]
             max_peak_memory_mb = 1000.0
-        """, "g1_ngram")
+        """,
+            "g1_ngram",
+        )
         assert result.status.value == "capacity_blocked"
-        assert "estimated weights 0.00 GB" in facts.details["capacity"] and "budget 0.98 GB" in facts.details["capacity"]
+        assert (
+            "estimated weights 0.00 GB" in facts.details["capacity"]
+            and "budget 0.98 GB" in facts.details["capacity"]
+        )
 
     def test_a_missing_target_says_where_it_looked_and_how_to_get_one(self, tmp_path):
-        result, _ = self.admit(tmp_path, '[specsel.target]\nmodel = "org/absent"\ncache = "cachedir"\n', "g0_target_only")
+        result, _ = self.admit(
+            tmp_path, '[specsel.target]\nmodel = "org/absent"\ncache = "cachedir"\n', "g0_target_only"
+        )
         assert result.status.value == "asset_missing"
         assert "'org/absent' is not a local folder nor cached in cachedir" in result.detail
         assert "pytest_specsel.backends.bundled" in result.detail

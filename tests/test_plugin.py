@@ -210,7 +210,7 @@ class TestFiles:
         assert len(raw["requests"]) == 2 and raw["requests"][0]["error"] == "fake request failure"
 
     def test_interrupt_still_writes_manifest_and_stops_servers(self, project):
-        p = project("{'g1_ngram': FakeScript(interrupt=True)}")
+        p = project("{'g1_ngram': FakeScript(interrupt_at_run=1)}")
         # A real process: an in-process run would hand the interrupt to this test session.
         result = p.runpytest_subprocess("--specsel-cpu", "--specsel-label", "ctrlc", "-k", "general-c1")
         assert result.ret == pytest.ExitCode.INTERRUPTED
@@ -226,6 +226,15 @@ class TestFiles:
         ]
         raw = json.loads((p.path / "results" / "ctrlc" / "raw" / "g1_ngram__general-c1.json").read_text())
         assert raw["error"] == "interrupted" and len(raw["requests"]) == 1
+
+    def test_an_interrupted_self_check_keeps_the_measured_baseline(self, project):
+        p = project("{'g0_target_only': FakeScript(interrupt_at_run=2)}")
+        result = p.runpytest_subprocess("--specsel-cpu", "--specsel-label", "sc", "-k", "g0 and general-c1")
+        assert result.ret == pytest.ExitCode.INTERRUPTED
+        raw = json.loads((p.path / "results" / "sc" / "raw" / "g0_target_only__general-c1.json").read_text())
+        assert raw["run_status"] == "completed" and len(raw["requests"]) == 2
+        assert raw["self_check"] is None and len(raw["self_check_requests"]) == 1
+        assert _manifest(p, "sc")["complete"] is False
 
     def test_json_report_carries_decisions_and_paths(self, project):
         p = project("{'g1_ngram': FakeScript(token_s=0.005)}")

@@ -44,8 +44,9 @@ class FakeScript:
     acceptance: float | None = 0.6
     peak_mb: float = 1000.0
     request_fails: bool = False
-    #: raise KeyboardInterrupt after half the requests of a scenario (a Ctrl-C)
-    interrupt: bool = False
+    #: on this (1-based) client run of the group, deliver half the requests, then raise
+    #: KeyboardInterrupt (a Ctrl-C)
+    interrupt_at_run: int | None = None
 
 
 class _Handle:
@@ -81,6 +82,7 @@ class _World:
         self.events: list[str] = []
         self.max_alive = 0
         self.handles: dict[str, _Handle] = {}
+        self.runs: dict[str, int] = {}
 
     def script(self, group: str) -> FakeScript:
         return self.scripts.get(group.split("@")[0], FakeScript())
@@ -170,7 +172,8 @@ class _Client:
                         error="fake request failure" if script.request_fails else None,
                     )
                 )
-        if script.interrupt:
+        self.world.runs[group] = self.world.runs.get(group, 0) + 1
+        if script.interrupt_at_run == self.world.runs[group]:
             if sink is not None:
                 sink.extend(records[: len(records) // 2])
             raise KeyboardInterrupt
