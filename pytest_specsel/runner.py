@@ -52,7 +52,7 @@ from pytest_specsel.records import (
 from pytest_specsel.study import BASELINE_GROUP, GROUPS, Strategy, Study
 from pytest_specsel.workloads import Workload, load_workload
 
-__all__ = ["GroupState", "Scenario", "ScenarioResult", "Selection", "TWO_TRACK_RULE"]
+__all__ = ["BaselineUnavailable", "GroupState", "Scenario", "ScenarioResult", "Selection", "TWO_TRACK_RULE"]
 
 TWO_TRACK_RULE = (
     "Only completed + comparable candidates are handed off. A proposer that exists only for "
@@ -60,6 +60,10 @@ TWO_TRACK_RULE = (
     "tracks compare in-track speedups only, never raw latencies."
 )
 _TELEMETRY_SOURCE = "vllm_prometheus_counter_delta"
+
+
+class BaselineUnavailable(RuntimeError):
+    """A candidate is not launched: nothing could be compared with it."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -215,6 +219,15 @@ class Selection:
         self._plan[group] = keys
         if group != BASELINE_GROUP:
             self.ensure_baseline(state.track, keys)
+            have = self.baselines.get(state.track, {})
+            if not any(have.get(k) and have[k].run_status is RunStatus.COMPLETED for k in keys):
+                g0 = self.groups[BASELINE_GROUP]
+                why = g0.failure.splitlines()[0] if g0.failure else g0.admission.detail
+                state.failure = (
+                    f"not launched: no completed target-only baseline ({BASELINE_GROUP} "
+                    f"{g0.run_status.value}: {why})"
+                )
+                raise BaselineUnavailable(state.failure)
         assert state.assets.target_path is not None
         try:
             return self._launch(group, state.strategy, state, state.assets.target_path, state.spec_config)

@@ -14,7 +14,7 @@ from pytest_specsel.backends.protocol import LaunchError, ServerHandle
 from pytest_specsel.options import OPT_CPU, OPT_GPU, Mode, Settings
 from pytest_specsel.outcome import Outcome, OutcomeKind, admission_outcome, scenario_outcome
 from pytest_specsel.records import RunStatus
-from pytest_specsel.runner import ScenarioResult, Selection
+from pytest_specsel.runner import BaselineUnavailable, ScenarioResult, Selection
 from pytest_specsel.study import BASELINE_GROUP, GROUPS, Study, StudyError, load_study
 
 __all__ = ["OUTCOME_KEY", "Case", "CaseParam", "GroupServer", "SpecselSession"]
@@ -114,6 +114,16 @@ class SpecselSession:
             return GroupServer(group, None, admission_outcome(group, state.admission))
         try:
             handle = sel.start_group(group, self.wanted.get(group, []))
+        except BaselineUnavailable as exc:
+            return GroupServer(
+                group,
+                None,
+                Outcome(
+                    OutcomeKind.SKIP,
+                    f"not_evaluated: {exc}",
+                    {"group": group, "run_status": state.run_status.value},
+                ),
+            )
         except LaunchError as exc:
             tail = exc.log_tail
             return GroupServer(

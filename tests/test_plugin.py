@@ -127,6 +127,18 @@ class TestOutcomes:
         result.stdout.fnmatch_lines(["*failed: g1_ngram server did not start*", "*boom*"])
         assert _manifest(p, "f")["groups"][1]["run_status"] == "failed"
 
+    def test_a_failed_baseline_keeps_candidates_from_launching(self, project):
+        p = project("{'g0_target_only': FakeScript(launch_fails=True)}")
+        result = p.runpytest("--specsel-cpu", "--specsel-label", "nb", "-k", "general-c1", "-rs")
+        result.assert_outcomes(failed=1, skipped=5, deselected=18)
+        result.stdout.fnmatch_lines(
+            [
+                "*not_evaluated: not launched: no completed target-only baseline "
+                "(g0_target_only failed: specsel: fake launch of g0_target_only failed)*"
+            ]
+        )
+        assert "start g1_ngram" not in (p.path / "events.txt").read_text()
+
     def test_without_a_run_flag_nothing_starts_and_admission_is_recorded(self, project):
         p = project()
         result = p.runpytest("--specsel-label", "dry", "-rs")
