@@ -108,7 +108,7 @@ class TestOutcomes:
         result.stdout.fnmatch_lines(
             [
                 "*reject: parity failed: 1/2 outputs identical; first divergence in 'gen-1#0' at char 15*"
-                "the baseline reproduces itself on this request: the mechanism changed the output",
+                "the baseline reproduces itself on this request: the difference comes with the speculative path*",
             ]
         )
 
