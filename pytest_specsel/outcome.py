@@ -92,7 +92,8 @@ def scenario_outcome(
         numerics = {
             True: "the baseline also diverges from itself on this request: numerics, not the mechanism",
             False: "the baseline reproduces itself on this request: the difference comes with the "
-            "speculative path (at bf16/fp16 this can still be verification-batch numerics; compare at float32)",
+            "speculative path (at bf16/fp16 this can still be verification-batch numerics; "
+            "compare at float32)",
             None: "no baseline self-check for this request",
         }[baseline_self_diverges]
         return Outcome(OutcomeKind.FAIL, f"reject: parity failed: {parity_text}; {numerics}", facts)

@@ -80,9 +80,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if hasattr(session.config, "workerinput"):
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    capture = session.config.pluginmanager.get_plugin("capturemanager")
 
     def say(message: str) -> None:
-        if reporter is not None:
+        # Progress is written while tests run, under output capture: lift it for the line.
+        if reporter is None:
+            return
+        if capture is None:
+            reporter.write_line(message)
+            return
+        with capture.global_and_fixture_disabled():
             reporter.write_line(message)
 
     session.config.stash[SESSION_KEY].start(session.items, say)

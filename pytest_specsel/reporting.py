@@ -43,11 +43,12 @@ def write_summary(terminalreporter: Any, specsel: SpecselSession) -> None:
     for line in format_rows(specsel.report_rows()):
         terminalreporter.write_line(line)
     for group, state in sel.groups.items():
-        if state.run_status.value not in ("completed", "runnable"):
-            detail = state.failure or state.admission.detail
+        if state.failure is not None:
+            terminalreporter.write_line(f"{group}: {state.run_status.value}: {state.failure.splitlines()[0]}")
+        elif state.run_status.value not in ("completed", "runnable"):
+            detail = f" ({state.admission.detail.splitlines()[0]})" if state.admission.detail else ""
             terminalreporter.write_line(
-                f"{group}: {state.run_status.value}: {state.admission.reason}"
-                + (f" ({detail.splitlines()[0]})" if detail else "")
+                f"{group}: {state.run_status.value}: {state.admission.reason}{detail}"
             )
     for name, path in specsel.files.items():
         terminalreporter.write_line(f"specsel {name}: {path}")

@@ -286,9 +286,13 @@ class TestFiles:
 
     def test_terminal_summary_has_a_row_per_case(self, project):
         p = project("{'g1_ngram': FakeScript(token_s=0.005)}")
-        result = p.runpytest("--specsel-cpu", "--specsel-label", "ts", "-k", "general-c1")
+        # A real process: in-process runs share capture with this session and would hide the bug.
+        result = p.runpytest_subprocess("--specsel-cpu", "--specsel-label", "ts", "-k", "general-c1")
+        result.assert_outcomes(passed=2, skipped=4, deselected=18)
         result.stdout.fnmatch_lines(
             [
+                "*[[]specsel[]] g1_ngram: starting server*",
+                "*[[]specsel[]] g1_ngram: scenario 1 of 1: general-c1 (warmup 0, 2 prompts x 1)*",
                 "*specsel: speculative-decoding selection*",
                 "case*status*speedup*ttft p95*e2e p95*tok/s*peak MB*accept*mean len*parity*decision",
                 "g0_target_only-general-c1*completed*2/2 self*baseline",
