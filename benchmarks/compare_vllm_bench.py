@@ -54,7 +54,11 @@ def main() -> int:
     server = VllmLauncher(capability.command).start(spec)
     try:
         scraper = PrometheusScraper()
-        before = scraper.scrape(server.base_url)
+        window = {}
+
+        def open_window() -> None:
+            window["before"] = scraper.scrape(server.base_url)
+
         ours = HttpBenchClient().run(
             server.base_url,
             study.served_name,
@@ -65,8 +69,11 @@ def main() -> int:
             max_tokens=study.max_tokens,
             temperature=0.0,
             timeout_s=300,
+            on_measured_start=open_window,
         )
-        telemetry = telemetry_from_counters(before, scraper.scrape(server.base_url), "vllm_prometheus")
+        telemetry = telemetry_from_counters(
+            window["before"], scraper.scrape(server.base_url), "vllm_prometheus"
+        )
         figures = scenario_figures(ours.requests, ours.duration_s)
         with tempfile.TemporaryDirectory() as tmp:
             data = Path(tmp) / "prompts.jsonl"

@@ -311,6 +311,7 @@ class Selection:
         label: str,
         sink: list[RequestRecord],
         warmup: int,
+        on_measured_start: Callable[[], None] | None = None,
     ) -> tuple[tuple[RequestRecord, ...], float, str | None]:
         workload = self._workloads[scenario.workload]
         total = len(workload.prompts) * self.study.repeats
@@ -332,6 +333,7 @@ class Selection:
                 timeout_s=self.study.backend.request_timeout_s,
                 sink=sink,
                 progress=progress,
+                on_measured_start=on_measured_start,
             )
         except KeyboardInterrupt:
             self.interrupted = True
@@ -357,22 +359,29 @@ class Selection:
             f"[specsel] {name}: scenario {position} of {len(plan)}: {scenario.key} "
             f"(warmup {self.study.warmup}, {self.study.num_prompts} prompts x {self.study.repeats})"
         )
-        before, scrape_error = self._scrape(handle)
         sampler = self.bundle.memory()
-        sampler.start(handle)
+        # The telemetry and memory windows open after warmup, when the measured pass starts.
+        window: dict[str, Any] = {"before": None, "scrape_error": None, "sampling": False}
+
+        def open_window() -> None:
+            window["before"], window["scrape_error"] = self._scrape(handle)
+            sampler.start(handle)
+            window["sampling"] = True
+
         sink: list[RequestRecord] = []
         self_requests: tuple[RequestRecord, ...] = ()
         interrupt: KeyboardInterrupt | None = None
         try:
             requests, duration, error = self._pass(
-                name, handle, scenario, "measured", sink, self.study.warmup
+                name, handle, scenario, "measured", sink, self.study.warmup, open_window
             )
         except KeyboardInterrupt as exc:
             # Keep what arrived, write it below, then let the interrupt go on.
             interrupt, requests, duration, error = exc, tuple(sink), 0.0, "interrupted"
-        memory = sampler.stop()
-        after, after_error = self._scrape(handle)
-        scrape_error = scrape_error or after_error
+        memory = sampler.stop() if window["sampling"] else None
+        before: SpecCounters | None = window["before"]
+        after, after_error = self._scrape(handle) if window["sampling"] else (None, None)
+        scrape_error = window["scrape_error"] or after_error
         if error is None and any(not r.ok for r in requests):
             bad = [r for r in requests if not r.ok]
             error = f"{len(bad)} of {len(requests)} requests failed; first: {bad[0].error}"

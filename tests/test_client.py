@@ -165,6 +165,30 @@ class TestRun:
         assert seen[0]["stream"] is True and seen[0]["stream_options"] == {"include_usage": True}
         assert seen[0]["max_tokens"] == 8
 
+    def test_the_measured_window_opens_after_warmup(self):
+        seen = []
+        events = []
+
+        def handler(request):
+            events.append(f"request {len(seen)}")
+            seen.append(request)
+            return httpx.Response(200, content=sse(content("x"), usage(1)), headers=SSE_HEADERS)
+
+        client = HttpBenchClient(transport=httpx.MockTransport(handler))
+        client.run(
+            "http://x",
+            "m",
+            self.prompts,
+            concurrency=1,
+            warmup=2,
+            repeats=1,
+            max_tokens=8,
+            temperature=0.0,
+            timeout_s=5,
+            on_measured_start=lambda: events.append("window"),
+        )
+        assert events == ["request 0", "request 1", "window", "request 2", "request 3", "request 4"]
+
     def test_a_prompts_own_max_tokens_wins(self):
         seen = []
         client = HttpBenchClient(transport=transport(sse(content("x"), usage(1)), seen=seen))

@@ -112,6 +112,16 @@ class TestOutcomes:
             ]
         )
 
+    def test_warmup_drafts_stay_out_of_the_telemetry_window(self, project):
+        p = project(
+            "{'g1_ngram': FakeScript(token_s=0.005, acceptance=0.6)}",
+            study=STUDY.replace("warmup = 0", "warmup = 2"),
+        )
+        p.runpytest("--specsel-cpu", "--specsel-label", "wu", "-k", "ngram and general-c1")
+        raw = json.loads((p.path / "results" / "wu" / "raw" / "g1_ngram__general-c1.json").read_text())
+        assert raw["telemetry"]["acceptance_rate"] == pytest.approx(0.6)
+        assert raw["telemetry"]["drafts"] == 8.0
+
     def test_missing_telemetry_is_incomplete_evidence(self, project):
         p = project("{'g1_ngram': FakeScript(token_s=0.005, acceptance=None)}")
         result = p.runpytest("--specsel-cpu", "--specsel-label", "t", "-k", "ngram and general-c1", "-rx")

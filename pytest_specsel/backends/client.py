@@ -157,6 +157,7 @@ class HttpBenchClient:
         timeout_s: float,
         sink: list[RequestRecord] | None = None,
         progress: Progress | None = None,
+        on_measured_start: Callable[[], None] | None = None,
     ) -> ClientRun:
         return asyncio.run(
             self._run(
@@ -171,6 +172,7 @@ class HttpBenchClient:
                 timeout_s,
                 sink if sink is not None else [],
                 progress,
+                on_measured_start,
             )
         )
 
@@ -187,6 +189,7 @@ class HttpBenchClient:
         timeout_s: float,
         sink: list[RequestRecord],
         progress: Progress | None,
+        on_measured_start: Callable[[], None] | None,
     ) -> ClientRun:
         url = base_url.rstrip("/") + "/v1/chat/completions"
         timeout = httpx.Timeout(timeout_s, connect=10.0)
@@ -214,6 +217,8 @@ class HttpBenchClient:
             jobs = [(rep, p) for rep in range(repeats) for p in prompts]
             gate = asyncio.Semaphore(concurrency)
             done = 0
+            if on_measured_start is not None:
+                on_measured_start()
             start = self._clock()
 
             async def one(rep: int, p: Prompt) -> None:

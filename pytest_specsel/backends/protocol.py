@@ -138,7 +138,11 @@ class BenchClient(Protocol):
         timeout_s: float,
         sink: list[RequestRecord] | None = None,
         progress: Progress | None = None,
-    ) -> ClientRun: ...
+        on_measured_start: Callable[[], None] | None = None,
+    ) -> ClientRun:
+        """Warm up, call ``on_measured_start`` (telemetry and memory windows begin there),
+        then send every prompt once per repeat."""
+        ...
 
 
 class MetricsScraper(Protocol):
