@@ -28,10 +28,12 @@ warmup = 0
 
 CONFTEST = """
 from pytest_specsel.backends.fake import FakeScript, fake_bundle
+from pytest_specsel.backends.protocol import AssetFacts
 SCRIPTS = {scripts}
+ASSETS = {assets}
 WORLD = {{}}
 def pytest_specsel_make_backend(config, device):
-    bundle, world = fake_bundle(SCRIPTS)
+    bundle, world = fake_bundle(SCRIPTS, assets=ASSETS)
     WORLD["world"] = world
     return bundle
 def pytest_unconfigure(config):
@@ -47,10 +49,10 @@ def _workload(prefix):
 
 @pytest.fixture
 def project(pytester):
-    def make(scripts="{}", study=STUDY):
+    def make(scripts="{}", study=STUDY, assets="{}"):
         pytester.makefile(".toml", specsel=study)
         pytester.makefile(".jsonl", general=_workload("gen"), repetition=_workload("rep"))
-        pytester.makeconftest(CONFTEST.format(scripts=scripts))
+        pytester.makeconftest(CONFTEST.format(scripts=scripts, assets=assets))
         pytester.makepyfile(test_selection=CANDIDATE_TEST)
         return pytester
 
@@ -189,6 +191,32 @@ class TestServers:
         assert events[:3] == ["start g0_target_only", "stop g0_target_only", "start g1_ngram"]
         raw = sorted(x.name for x in (p.path / "results" / "k" / "raw").iterdir())
         assert raw == ["g0_target_only__repetition-c4.json", "g1_ngram__repetition-c4.json"]
+
+    def test_a_proposer_for_another_target_gets_its_own_track_baseline(self, project):
+        study = STUDY + '[specsel.strategies.g3_eagle]\nasset = "eagle-for-other"\ntarget = "other/target"\n'
+        assets = (
+            "{'g3_eagle': AssetFacts('/fake/other', 'other-rev', '/fake/eagle', 'e-rev', True, True, "
+            "False, 1.0, 10.0, {})}"
+        )
+        p = project("{'g3_eagle': FakeScript(token_s=0.004)}", study=study, assets=assets)
+        result = p.runpytest("--specsel-cpu", "--specsel-label", "tt", "-k", "eagle and general-c1")
+        result.assert_outcomes(passed=1, deselected=23)
+        events = (p.path / "events.txt").read_text().splitlines()
+        assert events[:3] == [
+            "start g0_target_only@other_target",
+            "stop g0_target_only@other_target",
+            "start g3_eagle",
+        ]
+        handoff = _handoff(p, "tt")
+        assert set(handoff["baseline"]) == {"other/target"}
+        g3 = handoff["candidates"]["g3_eagle"]
+        assert g3["track"] == "other/target"
+        assert g3["scenarios"]["general-c1"]["evidence"]["throughput_speedup"] == pytest.approx(0.2 / 0.11)
+        assert "in-track speedups" in handoff["rule"]
+        assert (
+            _manifest(p, "tt")["extra_baselines"]["other/target"]["general-c1"]
+            == "raw/g0_target_only@other_target__general-c1.json"
+        )
 
     def test_ids_are_readable_and_selectable(self, project):
         p = project()
