@@ -135,23 +135,19 @@ def test_cancel_keeps_the_partial_stream():
     assert (sink[0].output_text, sink[0].error, sink[0].token_ids) == ("Hello", "cancelled", (1, 2))
 
 
+def run_client(client, prompts, **overrides):
+    """``client.run`` with the settings most tests share; a test overrides what it is about."""
+    settings = dict(concurrency=1, warmup=0, repeats=1, max_tokens=8, temperature=0.0, timeout_s=5)
+    return client.run("http://x", "m", prompts, **{**settings, **overrides})
+
+
 class TestRun:
     prompts = [Prompt(f"r{i}", f"prompt {i}") for i in range(3)]
 
     def test_each_prompt_once_per_repeat_in_order_with_warmup_excluded(self):
         seen = []
         client = HttpBenchClient(transport=transport(sse(content("x", [7]), usage(1)), seen=seen))
-        run = client.run(
-            "http://x",
-            "m",
-            self.prompts,
-            concurrency=2,
-            warmup=2,
-            repeats=2,
-            max_tokens=8,
-            temperature=0.0,
-            timeout_s=5,
-        )
+        run = run_client(client, self.prompts, concurrency=2, warmup=2, repeats=2)
         assert [(r.repeat, r.request_id) for r in run.requests] == [
             (0, "r0"),
             (0, "r1"),
@@ -175,50 +171,19 @@ class TestRun:
             return httpx.Response(200, content=sse(content("x"), usage(1)), headers=SSE_HEADERS)
 
         client = HttpBenchClient(transport=httpx.MockTransport(handler))
-        client.run(
-            "http://x",
-            "m",
-            self.prompts,
-            concurrency=1,
-            warmup=2,
-            repeats=1,
-            max_tokens=8,
-            temperature=0.0,
-            timeout_s=5,
-            on_measured_start=lambda: events.append("window"),
-        )
+        run_client(client, self.prompts, warmup=2, on_measured_start=lambda: events.append("window"))
         assert events == ["request 0", "request 1", "window", "request 2", "request 3", "request 4"]
 
     def test_a_prompts_own_max_tokens_wins(self):
         seen = []
         client = HttpBenchClient(transport=transport(sse(content("x"), usage(1)), seen=seen))
-        client.run(
-            "http://x",
-            "m",
-            [Prompt("a", "p", max_tokens=3)],
-            concurrency=1,
-            warmup=0,
-            repeats=1,
-            max_tokens=8,
-            temperature=0.0,
-            timeout_s=5,
-        )
+        run_client(client, [Prompt("a", "p", max_tokens=3)])
         assert seen[0]["max_tokens"] == 3
 
     def test_all_warmups_failing_stops_the_run(self):
         client = HttpBenchClient(transport=transport(b"nope", status=500))
         with pytest.raises(WarmupError, match="all 2 warmup requests .* failed; first error: HTTP 500"):
-            client.run(
-                "http://x",
-                "m",
-                self.prompts,
-                concurrency=1,
-                warmup=2,
-                repeats=1,
-                max_tokens=8,
-                temperature=0.0,
-                timeout_s=5,
-            )
+            run_client(client, self.prompts, warmup=2)
 
     def test_concurrency_is_bounded(self):
         active, peak = 0, 0
@@ -235,16 +200,6 @@ class TestRun:
             transport=httpx.MockTransport(lambda r: httpx.Response(200, content=body(), headers=SSE_HEADERS))
         )
         prompts = [Prompt(f"r{i}", "p") for i in range(8)]
-        run = client.run(
-            "http://x",
-            "m",
-            prompts,
-            concurrency=3,
-            warmup=0,
-            repeats=1,
-            max_tokens=8,
-            temperature=0.0,
-            timeout_s=5,
-        )
+        run = run_client(client, prompts, concurrency=3)
         assert len(run.requests) == 8 and all(r.ok for r in run.requests)
         assert peak == 3
