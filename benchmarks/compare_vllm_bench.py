@@ -19,9 +19,11 @@ from pytest_specsel.backends.client import HttpBenchClient
 from pytest_specsel.backends.protocol import LaunchSpec
 from pytest_specsel.backends.real import VllmProber
 from pytest_specsel.backends.telemetry import PrometheusScraper
-from pytest_specsel.backends.vllm import VllmLauncher, probe_vllm
+from pytest_specsel.backends.vllm import VllmLauncher
+from pytest_specsel.backends.vllm import probe_vllm
 from pytest_specsel.gating import speculative_config
-from pytest_specsel.measurement import scenario_figures, telemetry_from_counters
+from pytest_specsel.measurement import scenario_figures
+from pytest_specsel.measurement import telemetry_from_counters
 from pytest_specsel.study import load_study
 from pytest_specsel.workloads import load_workload
 

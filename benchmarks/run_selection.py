@@ -11,11 +11,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from pytest_specsel.artifacts import claim_label, default_label
+from pytest_specsel.artifacts import claim_label
+from pytest_specsel.artifacts import default_label
 from pytest_specsel.backends.real import make_vllm_backend
 from pytest_specsel.records import RunStatus
 from pytest_specsel.runner import Selection
-from pytest_specsel.study import GROUPS, load_study
+from pytest_specsel.study import GROUPS
+from pytest_specsel.study import load_study
 
 
 def main() -> int:

@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_specsel.records import Admission, AdmissionFacts, RunStatus
+from pytest_specsel.records import Admission
+from pytest_specsel.records import AdmissionFacts
+from pytest_specsel.records import RunStatus
 
 __all__ = ["REASONS", "admit", "admit_speculative_candidate"]
 

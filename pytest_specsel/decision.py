@@ -10,7 +10,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_specsel.evidence import evidence_from_mapping
-from pytest_specsel.records import Decision, EvidenceStatus, GateCheck, PairEvidence, Thresholds, Verdict
+from pytest_specsel.records import Decision
+from pytest_specsel.records import EvidenceStatus
+from pytest_specsel.records import GateCheck
+from pytest_specsel.records import PairEvidence
+from pytest_specsel.records import Thresholds
+from pytest_specsel.records import Verdict
 
 __all__ = ["decide", "decide_speculative_candidate", "gate_checks", "thresholds_from_mapping"]
 

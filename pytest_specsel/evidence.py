@@ -10,7 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_specsel.records import EvidenceStatus, ExecutionPath, PairEvidence, RunStatus, RunSummary
+from pytest_specsel.records import EvidenceStatus
+from pytest_specsel.records import ExecutionPath
+from pytest_specsel.records import PairEvidence
+from pytest_specsel.records import RunStatus
+from pytest_specsel.records import RunSummary
 
 __all__ = ["FIXED_FIELDS", "REQUIRED_METRICS", "build_pair_evidence", "build_speculative_pair_evidence"]
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from pytest_specsel.records import AssetKind, Dependency, FamilyContract, to_json
+from pytest_specsel.records import AssetKind
+from pytest_specsel.records import Dependency
+from pytest_specsel.records import FamilyContract
+from pytest_specsel.records import to_json
 
 __all__ = ["FAMILIES", "classify_speculative_strategy", "family_contract", "normalize_family"]
 

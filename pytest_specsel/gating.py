@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import InvalidVersion
+from packaging.version import Version
 
-from pytest_specsel.backends.protocol import AssetFacts, Capability
+from pytest_specsel.backends.protocol import AssetFacts
+from pytest_specsel.backends.protocol import Capability
 from pytest_specsel.records import AdmissionFacts
-from pytest_specsel.study import Strategy, Study
+from pytest_specsel.study import Strategy
+from pytest_specsel.study import Study
 
 __all__ = ["admission_facts", "backend_gate", "speculative_config", "version_at_least"]
 

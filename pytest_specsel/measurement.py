@@ -7,7 +7,8 @@ reviewer can recompute a summary from the raw JSON.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 from pytest_specsel import stats

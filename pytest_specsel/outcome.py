@@ -20,7 +20,12 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_specsel.records import Admission, Decision, EvidenceStatus, PairEvidence, RunStatus, Verdict
+from pytest_specsel.records import Admission
+from pytest_specsel.records import Decision
+from pytest_specsel.records import EvidenceStatus
+from pytest_specsel.records import PairEvidence
+from pytest_specsel.records import RunStatus
+from pytest_specsel.records import Verdict
 
 __all__ = ["Outcome", "OutcomeKind", "admission_outcome", "scenario_outcome"]
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 
 __all__ = ["Divergence", "ParityResult", "compare_outputs", "first_divergence"]
 

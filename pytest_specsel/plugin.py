@@ -8,8 +8,15 @@ from typing import Any
 import pytest
 
 from pytest_specsel import hookspecs
-from pytest_specsel.options import OPT_GPU, add_options, resolve_settings
-from pytest_specsel.session import OUTCOME_KEY, Case, CaseParam, GroupServer, SpecselSession, case_of
+from pytest_specsel.options import OPT_GPU
+from pytest_specsel.options import add_options
+from pytest_specsel.options import resolve_settings
+from pytest_specsel.session import OUTCOME_KEY
+from pytest_specsel.session import Case
+from pytest_specsel.session import CaseParam
+from pytest_specsel.session import GroupServer
+from pytest_specsel.session import SpecselSession
+from pytest_specsel.session import case_of
 
 SESSION_KEY = pytest.StashKey[SpecselSession]()
 

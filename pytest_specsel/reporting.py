@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from pytest_specsel.session import OUTCOME_KEY, SpecselSession
+from pytest_specsel.session import OUTCOME_KEY
+from pytest_specsel.session import SpecselSession
 
 __all__ = ["JsonReportHooks", "format_rows", "write_summary"]
 

@@ -10,47 +10,49 @@ from __future__ import annotations
 import dataclasses
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pytest_specsel import artifacts
 from pytest_specsel.admission import admit
-from pytest_specsel.backends.protocol import (
-    AssetFacts,
-    BackendBundle,
-    Capability,
-    LaunchError,
-    LaunchSpec,
-    ServerHandle,
-)
+from pytest_specsel.backends.protocol import AssetFacts
+from pytest_specsel.backends.protocol import BackendBundle
+from pytest_specsel.backends.protocol import Capability
+from pytest_specsel.backends.protocol import LaunchError
+from pytest_specsel.backends.protocol import LaunchSpec
+from pytest_specsel.backends.protocol import ServerHandle
 from pytest_specsel.decision import decide
 from pytest_specsel.evidence import build_pair_evidence
-from pytest_specsel.gating import admission_facts, speculative_config
-from pytest_specsel.measurement import (
-    MemoryReading,
-    RequestRecord,
-    ScenarioFigures,
-    SpecCounters,
-    SpecTelemetry,
-    request_to_json,
-    scenario_figures,
-    telemetry_from_counters,
-)
-from pytest_specsel.parity import ParityResult, compare_outputs
-from pytest_specsel.records import (
-    Admission,
-    Decision,
-    EvidenceStatus,
-    ExecutionPath,
-    PairEvidence,
-    RunStatus,
-    RunSummary,
-    Verdict,
-    to_json,
-)
-from pytest_specsel.study import BASELINE_GROUP, GROUPS, Strategy, Study
-from pytest_specsel.workloads import Workload, load_workload
+from pytest_specsel.gating import admission_facts
+from pytest_specsel.gating import speculative_config
+from pytest_specsel.measurement import MemoryReading
+from pytest_specsel.measurement import RequestRecord
+from pytest_specsel.measurement import ScenarioFigures
+from pytest_specsel.measurement import SpecCounters
+from pytest_specsel.measurement import SpecTelemetry
+from pytest_specsel.measurement import request_to_json
+from pytest_specsel.measurement import scenario_figures
+from pytest_specsel.measurement import telemetry_from_counters
+from pytest_specsel.parity import ParityResult
+from pytest_specsel.parity import compare_outputs
+from pytest_specsel.records import Admission
+from pytest_specsel.records import Decision
+from pytest_specsel.records import EvidenceStatus
+from pytest_specsel.records import ExecutionPath
+from pytest_specsel.records import PairEvidence
+from pytest_specsel.records import RunStatus
+from pytest_specsel.records import RunSummary
+from pytest_specsel.records import Verdict
+from pytest_specsel.records import to_json
+from pytest_specsel.study import BASELINE_GROUP
+from pytest_specsel.study import GROUPS
+from pytest_specsel.study import Strategy
+from pytest_specsel.study import Study
+from pytest_specsel.workloads import Workload
+from pytest_specsel.workloads import load_workload
 
 __all__ = ["BaselineUnavailable", "GroupState", "Scenario", "ScenarioResult", "Selection", "TWO_TRACK_RULE"]
 

@@ -3,19 +3,34 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pytest_specsel import artifacts
-from pytest_specsel.backends.protocol import LaunchError, ServerHandle
-from pytest_specsel.options import OPT_CPU, OPT_GPU, Mode, Settings
-from pytest_specsel.outcome import Outcome, OutcomeKind, admission_outcome, scenario_outcome
+from pytest_specsel.backends.protocol import LaunchError
+from pytest_specsel.backends.protocol import ServerHandle
+from pytest_specsel.options import OPT_CPU
+from pytest_specsel.options import OPT_GPU
+from pytest_specsel.options import Mode
+from pytest_specsel.options import Settings
+from pytest_specsel.outcome import Outcome
+from pytest_specsel.outcome import OutcomeKind
+from pytest_specsel.outcome import admission_outcome
+from pytest_specsel.outcome import scenario_outcome
 from pytest_specsel.records import RunStatus
-from pytest_specsel.runner import BaselineUnavailable, ScenarioResult, Selection
-from pytest_specsel.study import BASELINE_GROUP, GROUPS, Study, StudyError, load_study
+from pytest_specsel.runner import BaselineUnavailable
+from pytest_specsel.runner import ScenarioResult
+from pytest_specsel.runner import Selection
+from pytest_specsel.study import BASELINE_GROUP
+from pytest_specsel.study import GROUPS
+from pytest_specsel.study import Study
+from pytest_specsel.study import StudyError
+from pytest_specsel.study import load_study
+from pytest_specsel.workloads import WorkloadError
 
 __all__ = ["OUTCOME_KEY", "Case", "CaseParam", "GroupServer", "SpecselSession"]
 
@@ -103,7 +118,10 @@ class SpecselSession:
             say=say,
         )
         say(f"[specsel] run label {label!r}: results in {paths.root}")
-        self.selection.preflight()
+        try:
+            self.selection.preflight()
+        except WorkloadError as exc:
+            raise pytest.UsageError(str(exc)) from None
 
     # -- servers ---------------------------------------------------------------------
     def open_group(self, group: str) -> GroupServer:

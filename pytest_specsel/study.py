@@ -107,6 +107,10 @@ _STRATEGY_KEYS = {
 }
 
 
+#: tables a user gives whole; everything else is merged key by key over the defaults
+_WHOLE_TABLES = ("options", "workloads")
+
+
 class StudyError(ValueError):
     """A study file that fails the preflight audit."""
 
@@ -230,7 +234,8 @@ class _Locator:
 def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(base)
     for key, value in override.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), dict) and key != "options":
+        # A workload set or an options table is given whole: it replaces the default.
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict) and key not in _WHOLE_TABLES:
             out[key] = _merge(out[key], value)
         else:
             out[key] = copy.deepcopy(value)

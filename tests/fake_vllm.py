@@ -6,7 +6,8 @@ import json
 import os
 import sys
 import time
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler
+from http.server import HTTPServer
 
 METRICS = """# TYPE vllm:spec_decode_num_drafts counter
 vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 4.0

@@ -15,11 +15,14 @@ from pathlib import Path
 import pytest
 
 from pytest_specsel.backends import models
-from pytest_specsel.backends.protocol import LaunchError, LaunchSpec
+from pytest_specsel.backends.protocol import LaunchError
+from pytest_specsel.backends.protocol import LaunchSpec
 from pytest_specsel.backends.telemetry import parse_spec_counters
-from pytest_specsel.backends.vllm import VllmLauncher, build_serve_argv
+from pytest_specsel.backends.vllm import VllmLauncher
+from pytest_specsel.backends.vllm import build_serve_argv
 from pytest_specsel.backends.vllm_cpu_install import ensure_vllm_metadata
-from pytest_specsel.gating import backend_gate, version_at_least
+from pytest_specsel.gating import backend_gate
+from pytest_specsel.gating import version_at_least
 from pytest_specsel.study import load_study
 
 FAKE = str(Path(__file__).with_name("fake_vllm.py"))
@@ -165,7 +168,8 @@ class TestCounters:
         assert parse_spec_counters(page).drafts == 5.0
 
     def test_deltas_give_rate_length_and_activity(self):
-        from pytest_specsel.measurement import SpecCounters, telemetry_from_counters
+        from pytest_specsel.measurement import SpecCounters
+        from pytest_specsel.measurement import telemetry_from_counters
 
         t = telemetry_from_counters(
             SpecCounters(10, 50, 20, (8, 6)), SpecCounters(30, 150, 80, (28, 16)), "src"

@@ -6,7 +6,8 @@ import json
 import httpx
 import pytest
 
-from pytest_specsel.backends.client import HttpBenchClient, stream_one
+from pytest_specsel.backends.client import HttpBenchClient
+from pytest_specsel.backends.client import stream_one
 from pytest_specsel.backends.protocol import WarmupError
 from pytest_specsel.workloads import Prompt
 

@@ -4,17 +4,20 @@ import dataclasses
 
 import pytest
 
-from pytest_specsel import admission, decision, evidence, families, parity, stats
-from pytest_specsel.records import (
-    AdmissionFacts,
-    EvidenceStatus,
-    ExecutionPath,
-    RunStatus,
-    RunSummary,
-    Thresholds,
-    Verdict,
-    to_json,
-)
+from pytest_specsel import admission
+from pytest_specsel import decision
+from pytest_specsel import evidence
+from pytest_specsel import families
+from pytest_specsel import parity
+from pytest_specsel import stats
+from pytest_specsel.records import AdmissionFacts
+from pytest_specsel.records import EvidenceStatus
+from pytest_specsel.records import ExecutionPath
+from pytest_specsel.records import RunStatus
+from pytest_specsel.records import RunSummary
+from pytest_specsel.records import Thresholds
+from pytest_specsel.records import Verdict
+from pytest_specsel.records import to_json
 
 
 class TestFamilies:

@@ -238,6 +238,13 @@ class TestFiles:
         result.stderr.fnmatch_lines(["*results for run label 'taken' already exist*--specsel-label*"])
         assert not (p.path / "events.txt").exists() or "start" not in (p.path / "events.txt").read_text()
 
+    def test_a_missing_workload_file_is_a_usage_error_naming_it(self, project):
+        p = project()
+        (p.path / "repetition.jsonl").unlink()
+        result = p.runpytest("--specsel-cpu", "--specsel-label", "mw")
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines(["*specsel: workload 'repetition': */repetition.jsonl: no such file*"])
+
     def test_a_malformed_label_is_a_usage_error_naming_the_option(self, project):
         p = project()
         result = p.runpytest("--specsel-label", "bad label")

@@ -2,12 +2,10 @@
 
 import pytest
 
-from pytest_specsel import (
-    admit_speculative_candidate,
-    build_speculative_pair_evidence,
-    classify_speculative_strategy,
-    decide_speculative_candidate,
-)
+from pytest_specsel import admit_speculative_candidate
+from pytest_specsel import build_speculative_pair_evidence
+from pytest_specsel import classify_speculative_strategy
+from pytest_specsel import decide_speculative_candidate
 
 THRESHOLDS = {
     "min_throughput_speedup": 1.10,

@@ -6,8 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specsel.study import GROUPS, StudyError, load_study
-from pytest_specsel.workloads import WorkloadError, load_workload
+from pytest_specsel.study import GROUPS
+from pytest_specsel.study import StudyError
+from pytest_specsel.study import load_study
+from pytest_specsel.workloads import WorkloadError
+from pytest_specsel.workloads import load_workload
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,6 +52,11 @@ def test_pyproject_tool_table_is_read(tmp_path):
         "pyproject.toml",
     )
     assert load_study(None, tmp_path).max_tokens == 32
+
+
+def test_a_workloads_table_replaces_the_default_set(tmp_path):
+    write(tmp_path, '[specsel.workloads]\nrepetition = "rep.jsonl"\n')
+    assert dict(load_study(None, tmp_path).workloads) == {"repetition": tmp_path / "rep.jsonl"}
 
 
 def test_a_strategy_override_keeps_the_other_defaults(tmp_path):

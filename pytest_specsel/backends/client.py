@@ -11,13 +11,16 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
 from httpx_sse import aconnect_sse
 
-from pytest_specsel.backends.protocol import ClientRun, Progress, WarmupError
+from pytest_specsel.backends.protocol import ClientRun
+from pytest_specsel.backends.protocol import Progress
+from pytest_specsel.backends.protocol import WarmupError
 from pytest_specsel.measurement import RequestRecord
 from pytest_specsel.workloads import Prompt
 

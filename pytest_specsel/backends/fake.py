@@ -7,23 +7,26 @@ fast, slow, divergent, failing to launch, or silent on telemetry.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_specsel.backends.protocol import (
-    AssetFacts,
-    BackendBundle,
-    Capability,
-    ClientRun,
-    LaunchError,
-    LaunchSpec,
-    MemorySampler,
-    Progress,
-    ServerHandle,
-)
-from pytest_specsel.measurement import MemoryReading, RequestRecord, SpecCounters
-from pytest_specsel.study import Strategy, Study
+from pytest_specsel.backends.protocol import AssetFacts
+from pytest_specsel.backends.protocol import BackendBundle
+from pytest_specsel.backends.protocol import Capability
+from pytest_specsel.backends.protocol import ClientRun
+from pytest_specsel.backends.protocol import LaunchError
+from pytest_specsel.backends.protocol import LaunchSpec
+from pytest_specsel.backends.protocol import MemorySampler
+from pytest_specsel.backends.protocol import Progress
+from pytest_specsel.backends.protocol import ServerHandle
+from pytest_specsel.measurement import MemoryReading
+from pytest_specsel.measurement import RequestRecord
+from pytest_specsel.measurement import SpecCounters
+from pytest_specsel.study import Strategy
+from pytest_specsel.study import Study
 from pytest_specsel.workloads import Prompt
 
 __all__ = ["FakeScript", "fake_bundle"]

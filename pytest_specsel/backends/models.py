@@ -13,7 +13,8 @@ import hashlib
 import json
 import os
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 

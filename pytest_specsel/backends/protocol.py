@@ -6,12 +6,19 @@ Nothing here imports a third-party library, so tests and the core can type again
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
+from typing import Protocol
 
-from pytest_specsel.measurement import MemoryReading, RequestRecord, SpecCounters
-from pytest_specsel.study import Backend, Strategy, Study
+from pytest_specsel.measurement import MemoryReading
+from pytest_specsel.measurement import RequestRecord
+from pytest_specsel.measurement import SpecCounters
+from pytest_specsel.study import Backend
+from pytest_specsel.study import Strategy
+from pytest_specsel.study import Study
 from pytest_specsel.workloads import Prompt
 
 __all__ = [

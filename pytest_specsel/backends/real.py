@@ -7,10 +7,17 @@ from pathlib import Path
 
 from pytest_specsel.backends import models
 from pytest_specsel.backends.client import HttpBenchClient
-from pytest_specsel.backends.protocol import AssetFacts, BackendBundle, Capability, MemorySampler
-from pytest_specsel.backends.telemetry import NvmlMemorySampler, ProcessTreeRssSampler, PrometheusScraper
-from pytest_specsel.backends.vllm import VllmLauncher, probe_vllm
-from pytest_specsel.study import Strategy, Study
+from pytest_specsel.backends.protocol import AssetFacts
+from pytest_specsel.backends.protocol import BackendBundle
+from pytest_specsel.backends.protocol import Capability
+from pytest_specsel.backends.protocol import MemorySampler
+from pytest_specsel.backends.telemetry import NvmlMemorySampler
+from pytest_specsel.backends.telemetry import ProcessTreeRssSampler
+from pytest_specsel.backends.telemetry import PrometheusScraper
+from pytest_specsel.backends.vllm import VllmLauncher
+from pytest_specsel.backends.vllm import probe_vllm
+from pytest_specsel.study import Strategy
+from pytest_specsel.study import Study
 
 __all__ = ["RUNTIME_ALLOWANCE_GB", "VllmProber", "make_vllm_backend"]
 

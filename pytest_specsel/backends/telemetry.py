@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from collections.abc import Iterable
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from pytest_specsel.backends.protocol import ServerHandle
-from pytest_specsel.measurement import MemoryReading, SpecCounters
+from pytest_specsel.measurement import MemoryReading
+from pytest_specsel.measurement import SpecCounters
 
 __all__ = [
     "COUNTER_SOURCE",

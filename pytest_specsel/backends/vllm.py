@@ -23,7 +23,9 @@ from typing import Any
 
 import httpx
 
-from pytest_specsel.backends.protocol import Capability, LaunchError, LaunchSpec
+from pytest_specsel.backends.protocol import Capability
+from pytest_specsel.backends.protocol import LaunchError
+from pytest_specsel.backends.protocol import LaunchSpec
 
 __all__ = [
     "ENV_VLLM",

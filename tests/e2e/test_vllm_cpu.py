@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from pytest_specsel.backends.bundled import BUNDLED_REPO_ID
-from pytest_specsel.backends.vllm import probe_vllm, resolve_vllm_command
+from pytest_specsel.backends.vllm import probe_vllm
+from pytest_specsel.backends.vllm import resolve_vllm_command
 
 pytestmark = [
     pytest.mark.e2e,
