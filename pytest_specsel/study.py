@@ -301,7 +301,7 @@ def study_from_mapping(
         raise loc.error("run_label", f"{label!r} may only use letters, digits, '.', '_' and '-'")
 
     t = data["target"]
-    model = _typed(t["model"], str, "target.model", loc).strip()
+    model = _local(_typed(t["model"], str, "target.model", loc).strip(), base_dir)
     if not model:
         raise loc.error("target.model", "must name a local path or a Hugging Face id")
     if t["source"] not in ("auto", "local", "huggingface"):
@@ -376,7 +376,7 @@ def study_from_mapping(
             "or require_exact_match_at_t0 = false",
         )
 
-    strategies = tuple(_strategy(g, data["strategies"].get(g) or {}, loc) for g in GROUPS)
+    strategies = tuple(_strategy(g, data["strategies"].get(g) or {}, loc, base_dir) for g in GROUPS)
 
     g = data["gates"]
     gates = Thresholds(**{k: _typed(g[k], float, f"gates.{k}", loc) for k in DEFAULTS["gates"]})
@@ -409,7 +409,16 @@ def study_from_mapping(
     )
 
 
-def _strategy(group: str, conf: Mapping[str, Any], loc: _Locator) -> Strategy:
+def _local(ref: str, base_dir: Path) -> str:
+    """A model reference that names an existing folder next to the study file becomes
+    absolute; anything else (a Hugging Face id, an absolute path) is kept as written."""
+    path = Path(ref).expanduser()
+    if not path.is_absolute() and (base_dir / path).is_dir():
+        return str((base_dir / path).resolve())
+    return ref
+
+
+def _strategy(group: str, conf: Mapping[str, Any], loc: _Locator, base_dir: Path) -> Strategy:
     key = f"strategies.{group}"
     for name, kind in _STRATEGY_KEYS.items():
         if name in conf:
@@ -446,11 +455,11 @@ def _strategy(group: str, conf: Mapping[str, Any], loc: _Locator) -> Strategy:
         enabled=bool(conf.get("enabled", True)),
         family=family,
         method=conf.get("method") or None,
-        asset=conf.get("asset") or None,
+        asset=_local(conf["asset"], base_dir) if conf.get("asset") else None,
         options=options,
         min_backend_version=conf.get("min_backend_version") or None,
         num_speculative_tokens=k,
-        target=conf.get("target") or None,
+        target=_local(conf["target"], base_dir) if conf.get("target") else None,
     )
 
 

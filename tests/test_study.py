@@ -54,6 +54,18 @@ def test_pyproject_tool_table_is_read(tmp_path):
     assert load_study(None, tmp_path).max_tokens == 32
 
 
+def test_model_folders_are_relative_to_the_study_file(tmp_path):
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "models" / "eagle").mkdir(parents=True)
+    path = write(
+        tmp_path / "conf",
+        '[specsel.target]\nmodel = "org/target"\n[specsel.strategies.g3_eagle]\nasset = "../models/eagle"\n',
+    )
+    study = load_study(path, tmp_path)
+    assert study.target_model == "org/target"
+    assert study.strategy("g3_eagle").asset == str((tmp_path / "models" / "eagle").resolve())
+
+
 def test_a_workloads_table_replaces_the_default_set(tmp_path):
     write(tmp_path, '[specsel.workloads]\nrepetition = "rep.jsonl"\n')
     assert dict(load_study(None, tmp_path).workloads) == {"repetition": tmp_path / "rep.jsonl"}
