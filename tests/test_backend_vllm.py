@@ -89,7 +89,10 @@ class TestLifecycle:
 
     def test_early_exit_is_a_launch_error_with_the_log_tail(self, spec, tmp_path, monkeypatch):
         monkeypatch.setenv("FAKE_VLLM_MODE", "crash")
-        with pytest.raises(LaunchError, match="exited with code 1 before it was ready") as info:
+        with pytest.raises(
+            LaunchError,
+            match="exited with code 1 before it was ready; root cause: RuntimeError: fake engine failed to load",
+        ) as info:
             VllmLauncher((sys.executable, FAKE), poll_s=0.1).start(spec)
         assert "fake engine failed to load the model" in info.value.log_tail
         assert not any(alive(p) for p in engine_pids(tmp_path))
@@ -131,6 +134,22 @@ class TestLifecycle:
         time.sleep(0.2)
         assert not alive(leader)
         assert not any(alive(p) for p in engines)
+
+
+def test_root_cause_is_the_first_exception_not_the_wrapper(tmp_path):
+    from pytest_specsel.backends.vllm import root_cause
+
+    log = tmp_path / "g.log"
+    log.write_text(
+        "$ vllm serve m\n"
+        "WARNING ... This can cause fd limit errors like `OSError: [Errno 24] Too many open files`.\n"
+        "(Worker pid=1) ERROR [x.py:9] ValueError: There is no module or parameter named 'model' in LlamaModel\n"
+        "(EngineCore pid=2) ERROR Exception: WorkerProc initialization failed\n"
+        "RuntimeError: Engine core initialization failed. See root cause above.\n"
+    )
+    assert root_cause(log) == "ValueError: There is no module or parameter named 'model' in LlamaModel"
+    log.write_text("$ vllm serve m\nall fine\n")
+    assert root_cause(log) == "unknown"
 
 
 class TestCounters:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -371,7 +372,8 @@ class VllmLauncher:
                 if code is not None:
                     raise LaunchError(
                         f"specsel: vllm serve for {spec.group} exited with code {code} before it was "
-                        f"ready; log {server.log_path}:\n{server.log_tail()}",
+                        f"ready; root cause: {root_cause(server.log_path)}; log {server.log_path}:\n"
+                        f"{server.log_tail()}",
                         server.log_path,
                         server.log_tail(),
                     )
@@ -385,6 +387,23 @@ class VllmLauncher:
             server.log_path,
             server.log_tail(),
         )
+
+
+_EXCEPTION_LINE = re.compile(r"\b([A-Za-z_][A-Za-z0-9_.]*(?:Error|Exception)): (.+)")
+
+
+def root_cause(log_path: Path) -> str:
+    """The first exception a server log reports (vLLM prints the worker's cause first and
+    wraps it in later, vaguer errors), or "unknown"."""
+    try:
+        lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return "unknown (no log)"
+    for line in lines[1:]:  # the first line is our own argv
+        match = _EXCEPTION_LINE.search(line)
+        if match and "WARNING" not in line:
+            return f"{match.group(1)}: {match.group(2)[:300]}"
+    return "unknown"
 
 
 def _ready(client: httpx.Client, base_url: str, served_name: str) -> bool:
