@@ -12,6 +12,7 @@ from typing import Any
 from pytest_specsel.records import Admission
 from pytest_specsel.records import AdmissionFacts
 from pytest_specsel.records import RunStatus
+from pytest_specsel.records import optional_float
 
 __all__ = ["REASONS", "admit", "admit_speculative_candidate"]
 
@@ -58,17 +59,13 @@ def admit_speculative_candidate(candidate: Mapping[str, Any]) -> dict[str, Any]:
     gate). Returns ``{"run_status", "reason", "detail"}``.
     """
 
-    def _number(key: str) -> float | None:
-        value = candidate.get(key)
-        return None if value is None else float(value)
-
     facts = AdmissionFacts(
         enabled=bool(candidate.get("enabled", False)),
         backend_supported=bool(candidate.get("backend_supported", False)),
         asset_ready=bool(candidate.get("asset_ready", False)),
         compatible=bool(candidate.get("compatible", False)),
-        estimated_memory_gb=_number("estimated_memory_gb"),
-        memory_limit_gb=_number("memory_limit_gb"),
+        estimated_memory_gb=optional_float(candidate, "estimated_memory_gb"),
+        memory_limit_gb=optional_float(candidate, "memory_limit_gb"),
         details={str(k): str(v) for k, v in (candidate.get("details") or {}).items()},
     )
     result = admit(facts)

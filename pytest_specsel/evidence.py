@@ -15,6 +15,7 @@ from pytest_specsel.records import ExecutionPath
 from pytest_specsel.records import PairEvidence
 from pytest_specsel.records import RunStatus
 from pytest_specsel.records import RunSummary
+from pytest_specsel.records import optional_float
 
 __all__ = ["FIXED_FIELDS", "REQUIRED_METRICS", "build_pair_evidence", "build_speculative_pair_evidence"]
 
@@ -80,11 +81,6 @@ def build_pair_evidence(baseline: RunSummary, candidate: RunSummary) -> PairEvid
     )
 
 
-def _float(data: Mapping[str, Any], key: str) -> float | None:
-    value = data.get(key)
-    return None if value is None else float(value)
-
-
 def run_summary_from_mapping(data: Mapping[str, Any]) -> RunSummary:
     """Read a seed-style run dict; unknown statuses raise ``ValueError``."""
 
@@ -98,10 +94,10 @@ def run_summary_from_mapping(data: Mapping[str, Any]) -> RunSummary:
         workload_key=data.get("workload_key"),
         sampling_key=data.get("sampling_key"),
         execution_path=None if path is None else ExecutionPath(str(path)),
-        throughput_tokens_per_s=_float(data, "throughput_tokens_per_s"),
-        ttft_p95_ms=_float(data, "ttft_p95_ms"),
-        e2e_p95_ms=_float(data, "e2e_p95_ms"),
-        peak_memory_mb=_float(data, "peak_memory_mb"),
+        throughput_tokens_per_s=optional_float(data, "throughput_tokens_per_s"),
+        ttft_p95_ms=optional_float(data, "ttft_p95_ms"),
+        e2e_p95_ms=optional_float(data, "e2e_p95_ms"),
+        peak_memory_mb=optional_float(data, "peak_memory_mb"),
         quality_ok=None if quality is None else bool(quality),
         mechanism_active=None if active is None else bool(active),
     )
@@ -138,10 +134,10 @@ def evidence_from_mapping(data: Mapping[str, Any]) -> PairEvidence:
         mismatches=tuple(data.get("mismatches") or ()),
         missing_evidence=tuple(data.get("missing_evidence") or ()),
         candidate_run_status=RunStatus(run_status) if run_status in set(RunStatus) else None,
-        throughput_speedup=_float(data, "throughput_speedup"),
-        ttft_ratio=_float(data, "ttft_ratio"),
-        e2e_p95_ratio=_float(data, "e2e_p95_ratio"),
-        candidate_peak_memory_mb=_float(data, "candidate_peak_memory_mb"),
+        throughput_speedup=optional_float(data, "throughput_speedup"),
+        ttft_ratio=optional_float(data, "ttft_ratio"),
+        e2e_p95_ratio=optional_float(data, "e2e_p95_ratio"),
+        candidate_peak_memory_mb=optional_float(data, "candidate_peak_memory_mb"),
         quality_ok=None if quality is None else bool(quality),
         mechanism_active=data.get("mechanism_active"),
     )

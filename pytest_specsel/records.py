@@ -27,6 +27,7 @@ __all__ = [
     "RunSummary",
     "Thresholds",
     "Verdict",
+    "optional_float",
     "to_json",
 ]
 
@@ -91,6 +92,12 @@ def to_json(record: Any) -> dict[str, Any]:
     data = {f.name: _plain(getattr(record, f.name)) for f in dataclasses.fields(record)}
     assert len(data) == len(dataclasses.fields(record))  # no field forgotten
     return data
+
+
+def optional_float(data: Mapping[str, Any], key: str) -> float | None:
+    """``data[key]`` as a float; missing or None stays None (never 0)."""
+    value = data.get(key)
+    return None if value is None else float(value)
 
 
 def _plain(value: Any) -> Any:

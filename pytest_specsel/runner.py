@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import traceback
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -246,12 +245,7 @@ class Selection:
         self.say(
             f"[specsel] {group}: server stopped" + ("" if released else " (device memory not yet released)")
         )
-        state = self.groups[group]
-        if state.run_status is RunStatus.RUNNABLE and state.scenarios:
-            failed = any(r.run_status is RunStatus.FAILED for r in state.scenarios.values())
-            state.run_status = RunStatus.FAILED if failed else RunStatus.COMPLETED
-            if failed and state.failure is None:
-                state.failure = "; ".join(f"{k}: {r.error}" for k, r in state.scenarios.items() if r.error)
+        _settle(self.groups[group])
 
     def ensure_baseline(self, track: str, keys: Sequence[str]) -> None:
         """Measure the track's target-only baseline for scenario keys it lacks."""
@@ -285,9 +279,8 @@ class Selection:
         finally:
             handle.stop()
             self.bundle.prober.wait_released(timeout_s=120.0)
-            if state is not None and state.run_status is RunStatus.RUNNABLE:
-                failed = any(r.run_status is RunStatus.FAILED for r in state.scenarios.values())
-                state.run_status = RunStatus.FAILED if failed else RunStatus.COMPLETED
+            if state is not None:
+                _settle(state)
 
     # -- measuring ---------------------------------------------------------------------
     def measure(self, group: str, handle: ServerHandle, key: str) -> ScenarioResult:
@@ -682,9 +675,16 @@ class Selection:
         return {"manifest": self.paths.manifest, "handoff": self.paths.handoff}
 
 
+def _settle(state: GroupState) -> None:
+    """After its server stopped: a runnable group that measured something is completed, or
+    failed when any scenario failed (the failure names each failed scenario)."""
+    if state.run_status is not RunStatus.RUNNABLE or not state.scenarios:
+        return
+    failed = {k: r.error for k, r in state.scenarios.items() if r.run_status is RunStatus.FAILED}
+    state.run_status = RunStatus.FAILED if failed else RunStatus.COMPLETED
+    if failed and state.failure is None:
+        state.failure = "; ".join(f"{k}: {error}" for k, error in failed.items())
+
+
 def _slug(text: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in text)[-60:]
-
-
-def describe_exception(exc: BaseException) -> str:
-    return "".join(traceback.format_exception_only(type(exc), exc)).strip()

@@ -92,7 +92,7 @@ class SpecselSession:
     def start(self, items: Sequence[pytest.Item], say: Callable[[str], None]) -> None:
         """After collection: claim the label, probe, admit. Nothing starts without items."""
         for item in items:
-            case = _case_of(item)
+            case = case_of(item)
             if case is not None:
                 self.wanted.setdefault(case.group, []).append(case.scenario)
         if not self.wanted:
@@ -283,7 +283,8 @@ def _parity_cell(result: ScenarioResult | None) -> str:
     return f"{check.matched}/{check.total}{mark}"
 
 
-def _case_of(item: pytest.Item) -> CaseParam | None:
+def case_of(item: pytest.Item) -> CaseParam | None:
+    """The group and scenario a collected item tests, or None for any other test."""
     callspec = getattr(item, "callspec", None)
     if callspec is None:
         return None
@@ -292,10 +293,6 @@ def _case_of(item: pytest.Item) -> CaseParam | None:
     if group is None or scenario is None:
         return None
     return CaseParam(str(group), str(scenario))
-
-
-def case_of(item: pytest.Item) -> CaseParam | None:
-    return _case_of(item)
 
 
 class Case:
