@@ -17,14 +17,17 @@ from pathlib import Path
 
 from pytest_specsel.backends.client import HttpBenchClient
 from pytest_specsel.backends.protocol import LaunchSpec
+from pytest_specsel.backends.protocol import ReplayHooks
+from pytest_specsel.backends.protocol import ReplaySpec
 from pytest_specsel.backends.real import VllmProber
 from pytest_specsel.backends.telemetry import PrometheusScraper
 from pytest_specsel.backends.vllm import VllmLauncher
-from pytest_specsel.backends.vllm import probe_vllm
+from pytest_specsel.backends.vllm_probe import probe_vllm
 from pytest_specsel.gating import speculative_config
 from pytest_specsel.measurement import scenario_figures
 from pytest_specsel.measurement import telemetry_from_counters
-from pytest_specsel.study import load_study
+from pytest_specsel.records import Device
+from pytest_specsel.study_file import load_study
 from pytest_specsel.workloads import load_workload
 
 
@@ -38,9 +41,9 @@ def main() -> int:
     args = parser.parse_args()
     root = Path.cwd()
     study = load_study(args.config, root)
-    strategy = study.strategy(args.group)
+    candidate = study.candidate(args.group)
     capability = probe_vllm("cpu")
-    assets = VllmProber("cpu", root).inspect(study, strategy, capability)
+    assets = VllmProber("cpu", root).inspect(study, candidate, capability)
     assert assets.target_path is not None, assets.details
     workload = load_workload(args.workload, study.workloads[args.workload], study.num_prompts)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -49,9 +52,9 @@ def main() -> int:
         assets.target_path,
         study.served_name,
         study.backend,
-        speculative_config(strategy, study, assets),
+        speculative_config(candidate, assets),
         args.out / f"{args.group}.log",
-        "cpu",
+        Device.CPU,
     )
     server = VllmLauncher(capability.command).start(spec)
     try:
@@ -61,18 +64,18 @@ def main() -> int:
         def open_window() -> None:
             window["before"] = scraper.scrape(server.base_url)
 
-        ours = HttpBenchClient().run(
+        replay = ReplaySpec(
             server.base_url,
             study.served_name,
             workload.prompts,
-            concurrency=args.concurrency,
-            warmup=study.warmup,
-            repeats=1,
-            max_tokens=study.max_tokens,
-            temperature=0.0,
-            timeout_s=300,
-            on_measured_start=open_window,
+            args.concurrency,
+            study.warmup,
+            1,
+            study.max_tokens,
+            0.0,
+            300.0,
         )
+        ours = HttpBenchClient().run(replay, ReplayHooks(on_measured_start=open_window))
         telemetry = telemetry_from_counters(
             window["before"], scraper.scrape(server.base_url), "vllm_prometheus"
         )
@@ -128,12 +131,12 @@ def main() -> int:
         theirs = json.loads((args.out / "vllm_bench.json").read_text())
     finally:
         server.stop()
-    ours_tput = figures.output_token_throughput_per_s or 0.0
-    ours_ttft = figures.get("p50_ttft_ms") or 0.0
+    ours_tput = figures.throughput_tokens_per_s or 0.0
+    ours_ttft = figures.get("ttft_p50_ms") or 0.0
     rows = [
         ("output tok/s", ours_tput, theirs["output_throughput"]),
         ("median TTFT ms", ours_ttft, theirs["median_ttft_ms"]),
-        ("median TPOT ms", figures.get("p50_tpot_ms") or 0.0, theirs["median_tpot_ms"]),
+        ("median TPOT ms", figures.get("tpot_p50_ms") or 0.0, theirs["median_tpot_ms"]),
         ("completed", float(figures.completed), float(theirs["completed"])),
         ("output tokens", float(figures.output_tokens), float(theirs["total_output_tokens"])),
     ]

@@ -14,10 +14,11 @@ from pathlib import Path
 from pytest_specsel.artifacts import claim_label
 from pytest_specsel.artifacts import default_label
 from pytest_specsel.backends.real import make_vllm_backend
+from pytest_specsel.records import Device
 from pytest_specsel.records import RunStatus
 from pytest_specsel.runner import Selection
 from pytest_specsel.study import GROUPS
-from pytest_specsel.study import load_study
+from pytest_specsel.study_file import load_study
 
 
 def main() -> int:
@@ -33,26 +34,27 @@ def main() -> int:
     label = args.label or study.run_label or default_label()
     paths = claim_label(study.results_dir, label, "--label")
     bundle = make_vllm_backend(args.device, root)
-    run = Selection(study, bundle, paths, real=True, device=args.device, say=lambda m: print(m, flush=True))
+    device = Device(args.device)
+    run = Selection(study, bundle, paths, real=True, device=device, say=lambda m: print(m, flush=True))
     try:
         run.preflight()
-        for group, state in run.groups.items():
-            print(
-                f"{group}: {state.admission.status.value}: {state.admission.reason} "
-                f"({state.admission.detail})"
-            )
-        keys = [k for k in args.scenarios.split(",") if k] or [s.key for s in run.scenarios]
-        for group in args.groups.split(","):
-            if run.groups[group].run_status is not RunStatus.RUNNABLE:
+        for name in run.names():
+            admission = run.state(name).admission
+            print(f"{name}: {admission.status.value}: {admission.reason.value} ({admission.detail})")
+        keys = [k for k in args.scenarios.split(",") if k]
+        scenarios = [s for s in run.scenarios if not keys or s.key in keys]
+        for name in args.groups.split(","):
+            if run.state(name).run_status is not RunStatus.RUNNABLE:
                 continue
-            handle = run.start_group(group, keys)
+            run.plan(name, scenarios)
             try:
-                for key in keys:
-                    run.measure(group, handle, key)
+                run.open(name)
+                for scenario in scenarios:
+                    run.measure(name, scenario)
             finally:
-                run.stop_group(group, handle)
+                run.close(name)
     except KeyboardInterrupt:
-        run.interrupted = True
+        run.mark_interrupted()
         raise
     finally:
         files = run.finish()

@@ -11,19 +11,20 @@ from typing import Any
 
 from pytest_specsel.records import Admission
 from pytest_specsel.records import AdmissionFacts
+from pytest_specsel.records import Reason
 from pytest_specsel.records import RunStatus
 from pytest_specsel.records import optional_float
 
 __all__ = ["REASONS", "admit", "admit_speculative_candidate"]
 
 #: the machine-readable reason of each admission status
-REASONS: Mapping[RunStatus, str] = {
-    RunStatus.SKIPPED: "candidate_disabled",
-    RunStatus.UNSUPPORTED: "backend_method_unavailable",
-    RunStatus.ASSET_MISSING: "required_model_asset_unavailable",
-    RunStatus.INCOMPATIBLE: "target_proposer_contract_failed",
-    RunStatus.CAPACITY_BLOCKED: "estimated_memory_exceeds_limit",
-    RunStatus.RUNNABLE: "static_admission_passed",
+REASONS: Mapping[RunStatus, Reason] = {
+    RunStatus.SKIPPED: Reason.CANDIDATE_DISABLED,
+    RunStatus.UNSUPPORTED: Reason.BACKEND_METHOD_UNAVAILABLE,
+    RunStatus.ASSET_MISSING: Reason.REQUIRED_MODEL_ASSET_UNAVAILABLE,
+    RunStatus.INCOMPATIBLE: Reason.TARGET_PROPOSER_CONTRACT_FAILED,
+    RunStatus.CAPACITY_BLOCKED: Reason.ESTIMATED_MEMORY_EXCEEDS_LIMIT,
+    RunStatus.RUNNABLE: Reason.STATIC_ADMISSION_PASSED,
 }
 
 
@@ -69,4 +70,4 @@ def admit_speculative_candidate(candidate: Mapping[str, Any]) -> dict[str, Any]:
         details={str(k): str(v) for k, v in (candidate.get("details") or {}).items()},
     )
     result = admit(facts)
-    return {"run_status": result.status.value, "reason": result.reason, "detail": result.detail}
+    return {"run_status": result.status.value, "reason": result.reason.value, "detail": result.detail}

@@ -26,8 +26,10 @@ __all__ = [
     "SUMMARY_SCHEMA",
     "LabelError",
     "RunPaths",
+    "LABEL_RULE",
     "claim_label",
     "default_label",
+    "label_problem",
     "write_atomic",
     "write_json",
 ]
@@ -37,10 +39,16 @@ HANDOFF_SCHEMA = "specsel-handoff/v1"
 SUMMARY_SCHEMA = "specsel-group-summary/v1"
 RAW_SCHEMA = "specsel-scenario-raw/v1"
 _LABEL = re.compile(r"[A-Za-z0-9._-]+")
+LABEL_RULE = "a run label may only use letters, digits, '.', '_' and '-'"
 
 
 class LabelError(ValueError):
     """A run label that is malformed or already has results."""
+
+
+def label_problem(label: str) -> str | None:
+    """What is wrong with a run label (the one rule for every source of a label), or None."""
+    return None if _LABEL.fullmatch(label) else f"{label!r}: {LABEL_RULE}"
 
 
 def default_label(clock: float | None = None) -> str:
@@ -72,10 +80,9 @@ def claim_label(results_dir: Path, label: str, where: str) -> RunPaths:
     :param where: the option or file the label came from, for the message.
     :raises LabelError: before anything is started or written.
     """
-    if not _LABEL.fullmatch(label):
-        raise LabelError(
-            f"specsel: run label {label!r} (from {where}) may only use letters, digits, '.', '_' and '-'"
-        )
+    problem = label_problem(label)
+    if problem is not None:
+        raise LabelError(f"specsel: {where}: {problem}")
     paths = RunPaths(results_dir, label)
     try:
         paths.root.mkdir(parents=True, exist_ok=False)

@@ -6,6 +6,7 @@ Acceptance rate explains a result and is never a gate by itself.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,6 +14,7 @@ from pytest_specsel.evidence import evidence_from_mapping
 from pytest_specsel.records import Decision
 from pytest_specsel.records import EvidenceStatus
 from pytest_specsel.records import GateCheck
+from pytest_specsel.records import GateOp
 from pytest_specsel.records import PairEvidence
 from pytest_specsel.records import Thresholds
 from pytest_specsel.records import Verdict
@@ -25,15 +27,17 @@ def gate_checks(evidence: PairEvidence, thresholds: Thresholds) -> tuple[GateChe
     assert evidence.throughput_speedup is not None and evidence.ttft_ratio is not None
     assert evidence.e2e_p95_ratio is not None and evidence.candidate_peak_memory_mb is not None
     rows = (
-        ("throughput_speedup", evidence.throughput_speedup, thresholds.min_throughput_speedup, ">="),
-        ("ttft_ratio", evidence.ttft_ratio, thresholds.max_ttft_regression_ratio, "<="),
-        ("e2e_p95_ratio", evidence.e2e_p95_ratio, thresholds.max_e2e_p95_regression_ratio, "<="),
-        ("peak_memory_mb", evidence.candidate_peak_memory_mb, thresholds.max_peak_memory_mb, "<="),
+        (
+            "throughput_speedup",
+            evidence.throughput_speedup,
+            thresholds.min_throughput_speedup,
+            GateOp.AT_LEAST,
+        ),
+        ("ttft_ratio", evidence.ttft_ratio, thresholds.max_ttft_regression_ratio, GateOp.AT_MOST),
+        ("e2e_p95_ratio", evidence.e2e_p95_ratio, thresholds.max_e2e_p95_regression_ratio, GateOp.AT_MOST),
+        ("peak_memory_mb", evidence.candidate_peak_memory_mb, thresholds.max_peak_memory_mb, GateOp.AT_MOST),
     )
-    return tuple(
-        GateCheck(name, value, limit, op, value >= limit if op == ">=" else value <= limit)
-        for name, value, limit, op in rows
-    )
+    return tuple(GateCheck(name, value, limit, op, op.holds(value, limit)) for name, value, limit, op in rows)
 
 
 def decide(evidence: PairEvidence, thresholds: Thresholds) -> Decision:
@@ -57,14 +61,7 @@ def thresholds_from_mapping(data: Mapping[str, Any]) -> Thresholds:
     """Read the seed's threshold keys; a missing key keeps the contract default."""
     default = Thresholds()
     return Thresholds(
-        min_throughput_speedup=float(data.get("min_throughput_speedup", default.min_throughput_speedup)),
-        max_ttft_regression_ratio=float(
-            data.get("max_ttft_regression_ratio", default.max_ttft_regression_ratio)
-        ),
-        max_e2e_p95_regression_ratio=float(
-            data.get("max_e2e_p95_regression_ratio", default.max_e2e_p95_regression_ratio)
-        ),
-        max_peak_memory_mb=float(data.get("max_peak_memory_mb", default.max_peak_memory_mb)),
+        **{f.name: float(data.get(f.name, getattr(default, f.name))) for f in dataclasses.fields(Thresholds)}
     )
 
 

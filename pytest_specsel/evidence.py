@@ -13,6 +13,7 @@ from typing import Any
 from pytest_specsel.records import EvidenceStatus
 from pytest_specsel.records import ExecutionPath
 from pytest_specsel.records import PairEvidence
+from pytest_specsel.records import Role
 from pytest_specsel.records import RunStatus
 from pytest_specsel.records import RunSummary
 from pytest_specsel.records import optional_float
@@ -89,7 +90,7 @@ def run_summary_from_mapping(data: Mapping[str, Any]) -> RunSummary:
     active = data.get("mechanism_active")
     return RunSummary(
         run_status=None if data.get("run_status") is None else RunStatus(str(data["run_status"])),
-        role=str(data.get("role", "")),
+        role=Role(data["role"]) if data.get("role") in set(Role) else None,
         target_snapshot=data.get("target_snapshot"),
         workload_key=data.get("workload_key"),
         sampling_key=data.get("sampling_key"),

@@ -1,47 +1,54 @@
-"""Proposer families: their asset kind, dependency structure and telemetry contract."""
+"""Proposer families as data: asset kind, dependency, telemetry, pair checks, option rules.
+
+Everything code would otherwise branch on by family name lives in :data:`FAMILIES`:
+admission reads ``asset_kind`` (what must exist) and ``pair_checks`` (what must agree),
+the launch config reads ``asset_kind`` (whether a proposer checkpoint is passed), the
+study reads ``check_options``, evidence reads ``telemetry``. A new family is one
+:func:`register_family` call.
+"""
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Iterable
+from collections.abc import Mapping
 from typing import Any
 
 from pytest_specsel.records import AssetKind
 from pytest_specsel.records import Dependency
 from pytest_specsel.records import FamilyContract
-from pytest_specsel.records import to_json
+from pytest_specsel.records import PairCheck
 
-__all__ = ["FAMILIES", "classify_speculative_strategy", "family_contract", "normalize_family"]
+__all__ = [
+    "BASELINE_FAMILY",
+    "FAMILIES",
+    "classify_speculative_strategy",
+    "family_contract",
+    "normalize_family",
+    "register_family",
+]
 
+#: the family name of the target-only baseline (G0); not a proposer family
+BASELINE_FAMILY = "baseline"
 _BASE_TELEMETRY = ("proposed_tokens", "accepted_tokens")
+#: checks for a proposer that reads the target's hidden states
+_FEATURE_CHECKS = (
+    PairCheck.VOCAB,
+    PairCheck.HIDDEN_SIZE,
+    PairCheck.SPECIAL_TOKENS,
+    PairCheck.DECLARED_TARGET,
+)
 
-FAMILIES: dict[str, FamilyContract] = {
-    "ngram": FamilyContract("ngram", AssetKind.NONE, Dependency.RETRIEVAL, _BASE_TELEMETRY),
-    # MTP is the target's own layers, never an external draft model.
-    "mtp": FamilyContract("mtp", AssetKind.TARGET_NATIVE, Dependency.MODEL_NATIVE, _BASE_TELEMETRY),
-    "eagle": FamilyContract(
-        "eagle", AssetKind.PAIRED_CHECKPOINT, Dependency.FEATURE_AUTOREGRESSIVE, _BASE_TELEMETRY
-    ),
-    "dflash": FamilyContract(
-        "dflash", AssetKind.PAIRED_CHECKPOINT, Dependency.PARALLEL_BLOCK, _BASE_TELEMETRY
-    ),
-    "dspark": FamilyContract(
-        "dspark",
-        AssetKind.PAIRED_CHECKPOINT,
-        Dependency.SEMI_AUTOREGRESSIVE,
-        (*_BASE_TELEMETRY, "verified_tokens"),
-    ),
-}
 
+def _ngram_options(options: Mapping[str, Any]) -> str | None:
+    low, high = options.get("prompt_lookup_min", 0), options.get("prompt_lookup_max", 0)
+    if isinstance(low, int) and isinstance(high, int) and 1 <= low <= high:
+        return None
+    return f"prompt_lookup_min={low!r}, prompt_lookup_max={high!r}: need 1 <= min <= max"
+
+
+FAMILIES: dict[str, FamilyContract] = {}
 # Spellings (after normalisation) that name a family.
-_ALIASES = {
-    "ngram": "ngram",
-    "promptlookup": "ngram",
-    "mtp": "mtp",
-    "eagle": "eagle",
-    "eagle3": "eagle",
-    "dflash": "dflash",
-    "dspark": "dspark",
-}
+_ALIASES: dict[str, str] = {}
 
 
 def normalize_family(family: object) -> str:
@@ -50,6 +57,58 @@ def normalize_family(family: object) -> str:
     for ch in "-_ ":
         text = text.replace(ch, "")
     return text
+
+
+def register_family(contract: FamilyContract, aliases: Iterable[str] = ()) -> FamilyContract:
+    """Add a family (and other spellings of its name) to the table.
+
+    :raises ValueError: when the name or an alias already names another family.
+    """
+    for name in (contract.family, *aliases):
+        key = normalize_family(name)
+        if _ALIASES.get(key, contract.family) != contract.family:
+            raise ValueError(f"specsel: family name {name!r} already names family {_ALIASES[key]!r}")
+        _ALIASES[key] = contract.family
+    FAMILIES[contract.family] = contract
+    return contract
+
+
+register_family(
+    FamilyContract(
+        "ngram", AssetKind.NONE, Dependency.RETRIEVAL, _BASE_TELEMETRY, check_options=_ngram_options
+    ),
+    aliases=("prompt_lookup",),
+)
+# MTP is the target's own layers, never an external draft model.
+register_family(FamilyContract("mtp", AssetKind.TARGET_NATIVE, Dependency.MODEL_NATIVE, _BASE_TELEMETRY))
+register_family(
+    FamilyContract(
+        "eagle",
+        AssetKind.PAIRED_CHECKPOINT,
+        Dependency.FEATURE_AUTOREGRESSIVE,
+        _BASE_TELEMETRY,
+        _FEATURE_CHECKS,
+    ),
+    aliases=("eagle3",),
+)
+register_family(
+    FamilyContract(
+        "dflash",
+        AssetKind.PAIRED_CHECKPOINT,
+        Dependency.PARALLEL_BLOCK,
+        _BASE_TELEMETRY,
+        (PairCheck.VOCAB, PairCheck.SPECIAL_TOKENS, PairCheck.DECLARED_TARGET),
+    )
+)
+register_family(
+    FamilyContract(
+        "dspark",
+        AssetKind.PAIRED_CHECKPOINT,
+        Dependency.SEMI_AUTOREGRESSIVE,
+        (*_BASE_TELEMETRY, "verified_tokens"),
+        (PairCheck.VOCAB, PairCheck.SPECIAL_TOKENS, PairCheck.DECLARED_TARGET),
+    )
+)
 
 
 def family_contract(family: object) -> FamilyContract:
@@ -73,6 +132,7 @@ def classify_speculative_strategy(family: str) -> dict[str, Any]:
     :return: a fresh dict ``{"family", "asset_kind", "dependency", "telemetry"}``;
         changing it never changes the table.
     """
-    data = to_json(dataclasses.replace(family_contract(family)))
+    data = family_contract(family).to_json()
+    data.pop("pair_checks")
     data["telemetry"] = tuple(data["telemetry"])
     return data

@@ -1,20 +1,21 @@
-"""From probed capability and resolved assets to admission facts and a launch config.
+"""From probed capability and resolved assets to admission facts and a speculative config.
 
-Pure: it takes records and returns records. Version comparison uses ``packaging``.
+Pure: it takes records and returns records. Version comparison uses ``packaging``. What
+a family needs comes from the family table, never from its name.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from packaging.version import InvalidVersion
 from packaging.version import Version
 
 from pytest_specsel.backends.protocol import AssetFacts
 from pytest_specsel.backends.protocol import Capability
+from pytest_specsel.families import family_contract
 from pytest_specsel.records import AdmissionFacts
-from pytest_specsel.study import Strategy
-from pytest_specsel.study import Study
+from pytest_specsel.records import AssetKind
+from pytest_specsel.records import SpeculativeConfig
+from pytest_specsel.study import Candidate
 
 __all__ = ["admission_facts", "backend_gate", "speculative_config", "version_at_least"]
 
@@ -29,33 +30,33 @@ def version_at_least(version: str | None, minimum: str) -> bool:
         return False
 
 
-def backend_gate(strategy: Strategy, capability: Capability) -> tuple[bool, str]:
-    """Interface, family method and minimum version, in that order."""
-    name = f"vllm {capability.version}" if capability.version else "vllm"
+def backend_gate(candidate: Candidate, capability: Capability) -> tuple[bool, str]:
+    """Interface, family method (in the backend's own vocabulary) and minimum version."""
+    name = f"{capability.backend} {capability.version}" if capability.version else capability.backend
     if capability.error:
         return False, capability.error
-    if strategy.is_baseline:
+    if candidate.is_baseline:
         return True, f"{name} serves the target"
     if not capability.has_speculative_config:
-        return False, f"{name} has no --speculative-config"
-    if strategy.min_backend_version and not version_at_least(
-        capability.version, strategy.min_backend_version
+        return False, f"{name} has no speculative decoding interface"
+    if candidate.min_backend_version and not version_at_least(
+        capability.version, candidate.min_backend_version
     ):
-        return False, f"{name} < {strategy.min_backend_version} (min_backend_version of {strategy.group})"
-    if strategy.method is not None:
-        if strategy.method not in capability.methods:
+        return False, f"{name} < {candidate.min_backend_version} (min_backend_version of {candidate.group})"
+    if candidate.method is not None:
+        if candidate.method not in capability.methods:
             return False, (
-                f"method {strategy.method!r} is not declared by {name} "
+                f"method {candidate.method!r} is not declared by {name} "
                 f"(declared: {', '.join(capability.methods) or 'none'})"
             )
-        return True, f"method {strategy.method!r} declared by {name}"
+        return True, f"method {candidate.method!r} declared by {name}"
     return True, f"{name} detects the method from the asset"
 
 
-def admission_facts(strategy: Strategy, capability: Capability, assets: AssetFacts) -> AdmissionFacts:
-    supported, backend_detail = backend_gate(strategy, capability)
+def admission_facts(candidate: Candidate, capability: Capability, assets: AssetFacts) -> AdmissionFacts:
+    supported, backend_detail = backend_gate(candidate, capability)
     return AdmissionFacts(
-        enabled=strategy.enabled,
+        enabled=candidate.enabled,
         backend_supported=supported,
         asset_ready=assets.asset_ready,
         compatible=assets.compatible,
@@ -70,16 +71,18 @@ def admission_facts(strategy: Strategy, capability: Capability, assets: AssetFac
     )
 
 
-def speculative_config(strategy: Strategy, study: Study, assets: AssetFacts) -> dict[str, Any] | None:
-    """The ``--speculative-config`` object for a strategy; None for the baseline."""
-    if strategy.is_baseline:
+def speculative_config(candidate: Candidate, assets: AssetFacts) -> SpeculativeConfig | None:
+    """A candidate's speculative config in neutral words; None for the baseline.
+
+    A paired checkpoint enters as the proposer; a target-native or asset-free proposer
+    does not (the family's ``asset_kind`` says which).
+    """
+    if candidate.is_baseline:
         return None
-    config: dict[str, Any] = {
-        "num_speculative_tokens": strategy.num_speculative_tokens or study.num_speculative_tokens
-    }
-    if strategy.method is not None:
-        config["method"] = strategy.method
-    if strategy.family in ("eagle", "dflash", "dspark") and assets.asset_path:
-        config["model"] = assets.asset_path
-    config.update(strategy.options)
-    return config
+    paired = family_contract(candidate.family).asset_kind is AssetKind.PAIRED_CHECKPOINT
+    return SpeculativeConfig(
+        method=candidate.method,
+        num_speculative_tokens=candidate.num_speculative_tokens,
+        proposer_path=assets.asset_path if paired else None,
+        options=dict(candidate.options),
+    )

@@ -12,13 +12,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytest_specsel import stats
+from pytest_specsel.records import Role
+from pytest_specsel.records import TelemetrySource
+from pytest_specsel.records import to_json
 
 __all__ = [
     "MemoryReading",
     "RequestRecord",
+    "Round",
     "ScenarioFigures",
     "SpecCounters",
     "SpecTelemetry",
+    "request_to_json",
     "scenario_figures",
     "telemetry_from_counters",
 ]
@@ -98,15 +103,31 @@ class SpecTelemetry:
     acceptance_by_position: tuple[float, ...] | None
     mechanism_active: bool | None
     #: where the numbers came from, or why they are missing
-    source: str
+    source: TelemetrySource
+    #: the backend's name for its counters (e.g. "vllm_prometheus"); None when none were read
+    origin: str | None = None
+    #: why reading the counters failed (source scrape_failed)
+    error: str | None = None
+
+    @property
+    def exported(self) -> bool:
+        """The server itself showed spec-decode counters over the window."""
+        return self.source is TelemetrySource.COUNTER_DELTA
 
 
 def telemetry_from_counters(
-    before: SpecCounters | None, after: SpecCounters | None, source: str
+    before: SpecCounters | None, after: SpecCounters | None, origin: str, error: str | None = None
 ) -> SpecTelemetry:
-    """Deltas over the window; ``not_exported`` when the server exports no counters."""
+    """Deltas over the window; ``not_exported`` when the server exports no counters, and
+    ``scrape_failed`` (with the error) when they could not be read."""
+    if error is not None:
+        return SpecTelemetry(
+            None, None, None, None, None, None, None, None, TelemetrySource.SCRAPE_FAILED, origin, error
+        )
     if before is None or after is None:
-        return SpecTelemetry(None, None, None, None, None, None, None, None, "not_exported")
+        return SpecTelemetry(
+            None, None, None, None, None, None, None, None, TelemetrySource.NOT_EXPORTED, origin
+        )
     delta = after.minus(before)
     rate = delta.accepted_tokens / delta.draft_tokens if delta.draft_tokens else None
     # One verified token per draft round plus the accepted ones, as vLLM reports it.
@@ -121,7 +142,8 @@ def telemetry_from_counters(
         mean_accepted_length=length,
         acceptance_by_position=by_pos,
         mechanism_active=delta.draft_tokens > 0,
-        source=source,
+        source=TelemetrySource.COUNTER_DELTA,
+        origin=origin,
     )
 
 
@@ -145,30 +167,39 @@ class ScenarioFigures:
     failed: int
     duration_s: float
     output_tokens: int
-    output_token_throughput_per_s: float | None
+    throughput_tokens_per_s: float | None
     request_throughput_per_s: float | None
+    #: ``<metric>_p50_ms`` .. ``<metric>_mean_ms`` for ttft, tpot, itl and e2e
     latency: Mapping[str, float | None]
     percentile_method: str
 
     def get(self, key: str) -> float | None:
         return self.latency.get(key)
 
+    @property
+    def ttft_p95_ms(self) -> float | None:
+        return self.latency.get("ttft_p95_ms")
+
+    @property
+    def e2e_p95_ms(self) -> float | None:
+        return self.latency.get("e2e_p95_ms")
+
 
 def scenario_figures(requests: Sequence[RequestRecord], duration_s: float) -> ScenarioFigures:
     """Summarise measured requests; throughputs are over the measured window."""
     ok = [r for r in requests if r.ok]
     latency: dict[str, float | None] = {}
-    latency.update(stats.percentiles([r.ttft_ms for r in ok if r.ttft_ms is not None], "ttft_ms"))
-    latency.update(stats.percentiles([t for r in ok if (t := r.tpot_ms) is not None], "tpot_ms"))
-    latency.update(stats.percentiles([x for r in ok for x in r.itl_ms], "itl_ms"))
-    latency.update(stats.percentiles([r.e2e_ms for r in ok if r.e2e_ms is not None], "e2e_ms"))
+    latency.update(stats.percentiles([r.ttft_ms for r in ok if r.ttft_ms is not None], "ttft"))
+    latency.update(stats.percentiles([t for r in ok if (t := r.tpot_ms) is not None], "tpot"))
+    latency.update(stats.percentiles([x for r in ok for x in r.itl_ms], "itl"))
+    latency.update(stats.percentiles([r.e2e_ms for r in ok if r.e2e_ms is not None], "e2e"))
     tokens = sum(r.output_tokens or 0 for r in ok)
     return ScenarioFigures(
         completed=len(ok),
         failed=len(requests) - len(ok),
         duration_s=duration_s,
         output_tokens=tokens,
-        output_token_throughput_per_s=tokens / duration_s if duration_s > 0 and ok else None,
+        throughput_tokens_per_s=tokens / duration_s if duration_s > 0 and ok else None,
         request_throughput_per_s=len(ok) / duration_s if duration_s > 0 and ok else None,
         latency=latency,
         percentile_method=stats.METHOD,
@@ -176,9 +207,28 @@ def scenario_figures(requests: Sequence[RequestRecord], duration_s: float) -> Sc
 
 
 def request_to_json(r: RequestRecord) -> dict[str, Any]:
-    from pytest_specsel.records import to_json
-
     data = to_json(r)
     data["tpot_ms"] = r.tpot_ms
     data["ok"] = r.ok
     return data
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Round:
+    """One replay of a scenario's frozen prompts at its concurrency, on one server."""
+
+    role: Role
+    #: 0-based, per role, in the order measured
+    index: int
+    requests: tuple[RequestRecord, ...]
+    duration_s: float
+    figures: ScenarioFigures | None
+    #: None when this round opened no telemetry window
+    telemetry: SpecTelemetry | None
+    memory: MemoryReading | None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data = to_json(self)
+        data["requests"] = [request_to_json(r) for r in self.requests]
+        return data

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specsel.artifacts import _LABEL
+from pytest_specsel.artifacts import label_problem
+from pytest_specsel.records import Device
 
 __all__ = ["Mode", "Settings", "add_options", "resolve_settings"]
 
@@ -41,8 +42,8 @@ class Mode(enum.StrEnum):
     GPU = "gpu"
 
     @property
-    def device(self) -> str:
-        return "cuda" if self is Mode.GPU else "cpu"
+    def device(self) -> Device:
+        return Device.CUDA if self is Mode.GPU else Device.CPU
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -58,10 +59,9 @@ class Settings:
 
 
 def parse_label(value: str) -> str:
-    if not _LABEL.fullmatch(value):
-        raise argparse.ArgumentTypeError(
-            f"{OPT_LABEL} {value!r}: a run label may only use letters, digits, '.', '_' and '-'"
-        )
+    problem = label_problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{OPT_LABEL} {problem}")
     return value
 
 
@@ -77,7 +77,7 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("specsel_config", HELP_CONFIG, default=None)
     parser.addini("specsel_label", HELP_LABEL, default=None)
     parser.addini("specsel_results", HELP_RESULTS, default=None)
-    parser.addini("specsel_strict", HELP_STRICT, type="bool", default=False)  # type: ignore[misc,unused-ignore]
+    parser.addini("specsel_strict", HELP_STRICT, type="bool", default=False)  # type: ignore[misc,unused-ignore,maybe-unrecognized-str-typeform]
     parser.addini("specsel_vllm", HELP_VLLM, default=None)
 
 
@@ -103,10 +103,9 @@ def resolve_settings(config: pytest.Config) -> Settings:
     source = OPT_LABEL
     if label is None and config.getini("specsel_label"):
         label, source = str(config.getini("specsel_label")), "ini specsel_label"
-        if not _LABEL.fullmatch(label):
-            raise pytest.UsageError(
-                f"specsel: ini specsel_label {label!r}: only letters, digits, '.', '_' and '-'"
-            )
+        problem = label_problem(label)
+        if problem is not None:
+            raise pytest.UsageError(f"specsel: {source} {problem}")
     return Settings(
         mode=mode,
         config=path(OPT_CONFIG, "specsel_config"),

@@ -1,4 +1,4 @@
-"""What a candidate test's pytest outcome is, from its run state: a pure mapping.
+"""What a candidate test's pytest outcome is, from its scenario view: a pure mapping.
 
 | state                                                  | outcome                        |
 | ------------------------------------------------------ | ------------------------------ |
@@ -21,13 +21,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_specsel.records import Admission
-from pytest_specsel.records import Decision
 from pytest_specsel.records import EvidenceStatus
-from pytest_specsel.records import PairEvidence
 from pytest_specsel.records import RunStatus
 from pytest_specsel.records import Verdict
+from pytest_specsel.results import ScenarioView
 
 __all__ = ["Outcome", "OutcomeKind", "admission_outcome", "scenario_outcome"]
+
+_NUMERICS = {
+    True: "the baseline also diverges from itself on this request: numerics, not the mechanism",
+    False: "the baseline reproduces itself on this request: the difference comes with the "
+    "speculative path (at bf16/fp16 this can still be verification-batch numerics; compare at float32)",
+    None: "no baseline self-check for this request",
+}
 
 
 class OutcomeKind(enum.StrEnum):
@@ -41,73 +47,51 @@ class OutcomeKind(enum.StrEnum):
 class Outcome:
     kind: OutcomeKind
     message: str
-    #: key figures and states for reports (json-report metadata, user_properties)
+    #: the scenario view's JSON (or the admission's facts), for reports
     facts: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def admission_outcome(group: str, admission: Admission) -> Outcome:
-    """A group that will not be launched: skip with the status, reason and detail."""
+def admission_outcome(name: str, admission: Admission) -> Outcome:
+    """A candidate that will not be launched: skip with the status, reason and detail."""
     detail = f" ({admission.detail})" if admission.detail else ""
     kind = OutcomeKind.FAIL if admission.status is RunStatus.FAILED else OutcomeKind.SKIP
     return Outcome(
         kind,
-        f"{admission.status.value}: {admission.reason}{detail}",
-        {"group": group, "run_status": admission.status.value, "reason": admission.reason},
+        f"{admission.status.value}: {admission.reason.value}{detail}",
+        {"candidate": name, "run_status": admission.status.value, "reason": admission.reason.value},
     )
 
 
-def scenario_outcome(
-    group: str,
-    scenario: str,
-    *,
-    is_baseline: bool,
-    run_status: RunStatus,
-    error: str | None,
-    log_tail: str,
-    evidence: PairEvidence | None,
-    decision: Decision | None,
-    parity_text: str | None,
-    baseline_self_diverges: bool | None,
-    strict: bool,
-    facts: Mapping[str, Any],
-) -> Outcome:
+def scenario_outcome(view: ScenarioView, *, strict: bool, log_tail: str = "") -> Outcome:
     """Outcome of one measured (or attempted) scenario."""
-    if run_status is RunStatus.FAILED:
+    facts = view.to_json()
+    where = f"{view.candidate} {view.scenario}"
+    evidence, decision = view.evidence, view.decision
+    if view.run_status is RunStatus.FAILED:
         return Outcome(
-            OutcomeKind.FAIL,
-            f"failed: {group} {scenario}: {error}\n--- backend log tail ---\n{log_tail}",
-            facts,
+            OutcomeKind.FAIL, f"failed: {where}: {view.error}\n--- backend log tail ---\n{log_tail}", facts
         )
-    if is_baseline or evidence is None or decision is None:
-        return Outcome(OutcomeKind.PASS, f"{group} {scenario} measured", facts)
+    if evidence is None or decision is None:
+        return Outcome(OutcomeKind.PASS, f"{where} measured", facts)
     if evidence.status is EvidenceStatus.NOT_EVALUATED:
         return Outcome(
             OutcomeKind.SKIP,
-            f"not_evaluated: no completed target-only baseline for {scenario} "
+            f"not_evaluated: no completed target-only baseline for {view.scenario} "
             f"(missing {', '.join(evidence.missing_evidence)})",
             facts,
         )
     if evidence.status is EvidenceStatus.INCOMPARABLE:
+        fields = ", ".join(evidence.mismatches)
         return Outcome(
-            OutcomeKind.FAIL,
-            f"incomparable: fixed fields differ from the baseline: {', '.join(evidence.mismatches)}",
-            facts,
+            OutcomeKind.FAIL, f"incomparable: fixed fields differ from the baseline: {fields}", facts
         )
     if decision.verdict is Verdict.REJECT:
-        numerics = {
-            True: "the baseline also diverges from itself on this request: numerics, not the mechanism",
-            False: "the baseline reproduces itself on this request: the difference comes with the "
-            "speculative path (at bf16/fp16 this can still be verification-batch numerics; "
-            "compare at float32)",
-            None: "no baseline self-check for this request",
-        }[baseline_self_diverges]
-        return Outcome(OutcomeKind.FAIL, f"reject: parity failed: {parity_text}; {numerics}", facts)
+        parity = view.parity.describe() if view.parity else "no parity result"
+        numerics = _NUMERICS[view.baseline_self_diverges]
+        return Outcome(OutcomeKind.FAIL, f"reject: parity failed: {parity}; {numerics}", facts)
     if evidence.status is EvidenceStatus.INCOMPLETE:
-        return Outcome(
-            OutcomeKind.XFAIL,
-            f"tune: incomplete evidence, missing {', '.join(evidence.missing_evidence)}",
-            facts,
-        )
+        missing = ", ".join(evidence.missing_evidence)
+        return Outcome(OutcomeKind.XFAIL, f"tune: incomplete evidence, missing {missing}", facts)
     if decision.verdict is Verdict.TUNE:
         missed = "; ".join(g.describe() for g in decision.missed_gates)
         kind = OutcomeKind.FAIL if strict else OutcomeKind.XFAIL

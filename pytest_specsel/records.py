@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Callable
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,13 +19,21 @@ __all__ = [
     "AssetKind",
     "Decision",
     "Dependency",
+    "Device",
     "EvidenceStatus",
     "ExecutionPath",
     "FamilyContract",
     "GateCheck",
+    "GateOp",
+    "PairCheck",
     "PairEvidence",
+    "Pairing",
+    "Reason",
+    "Role",
     "RunStatus",
     "RunSummary",
+    "SpeculativeConfig",
+    "TelemetrySource",
     "Thresholds",
     "Verdict",
     "optional_float",
@@ -63,6 +72,73 @@ class Verdict(enum.StrEnum):
     ACCEPT = "accept"
 
 
+class Reason(enum.StrEnum):
+    """Every machine-readable reason a candidate's run status carries: one table."""
+
+    CANDIDATE_DISABLED = "candidate_disabled"
+    DRY_RUN = "dry_run"
+    BACKEND_METHOD_UNAVAILABLE = "backend_method_unavailable"
+    REQUIRED_MODEL_ASSET_UNAVAILABLE = "required_model_asset_unavailable"
+    TARGET_PROPOSER_CONTRACT_FAILED = "target_proposer_contract_failed"
+    ESTIMATED_MEMORY_EXCEEDS_LIMIT = "estimated_memory_exceeds_limit"
+    STATIC_ADMISSION_PASSED = "static_admission_passed"
+    #: resolving or inspecting the candidate's assets raised
+    PREFLIGHT_ERROR = "preflight_error"
+    LAUNCH_OR_REQUESTS_FAILED = "launch_or_requests_failed"
+
+
+class Role(enum.StrEnum):
+    """Which side of a pair a measurement is."""
+
+    BASELINE = "baseline"
+    CANDIDATE = "candidate"
+
+
+class GateOp(enum.StrEnum):
+    """How a gate's figure is held against its threshold."""
+
+    AT_LEAST = ">="
+    AT_MOST = "<="
+
+    def holds(self, value: float, threshold: float) -> bool:
+        return value >= threshold if self is GateOp.AT_LEAST else value <= threshold
+
+
+class Device(enum.StrEnum):
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class TelemetrySource(enum.StrEnum):
+    """Where a window's mechanism telemetry came from, or why there is none."""
+
+    #: deltas of the backend's own spec-decode counters over the measured window
+    COUNTER_DELTA = "backend_counter_delta"
+    #: the server exports no spec-decode counters (a target-only server, or a silent fallback)
+    NOT_EXPORTED = "not_exported"
+    #: reading the counters failed; the error is recorded beside it
+    SCRAPE_FAILED = "scrape_failed"
+
+
+class Pairing(enum.StrEnum):
+    """How a candidate's rounds were placed in time against its baseline's."""
+
+    #: all baseline rounds, then all candidate rounds: drift between them is not controlled
+    SEQUENTIAL = "sequential"
+    #: baseline and candidate rounds alternate (ABBA)
+    INTERLEAVED = "interleaved"
+
+
+class PairCheck(enum.StrEnum):
+    """A static target/proposer check a family needs (see ``backends/models.check_pair``)."""
+
+    VOCAB = "vocab"
+    #: the proposer reads the target's hidden states: widths must agree
+    HIDDEN_SIZE = "hidden_size"
+    SPECIAL_TOKENS = "special_tokens"
+    DECLARED_TARGET = "declared_target"
+
+
 class AssetKind(enum.StrEnum):
     NONE = "none"
     TARGET_NATIVE = "target_native"
@@ -75,6 +151,7 @@ class Dependency(enum.StrEnum):
     FEATURE_AUTOREGRESSIVE = "feature_autoregressive"
     PARALLEL_BLOCK = "parallel_block"
     SEMI_AUTOREGRESSIVE = "semi_autoregressive"
+    AUTOREGRESSIVE = "autoregressive"
 
 
 class ExecutionPath(enum.StrEnum):
@@ -114,16 +191,51 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"specsel: cannot write {type(value).__name__} {value!r} as JSON")
 
 
+#: checks a family's ``options`` table: returns what is wrong, or None
+OptionsCheck = Callable[[Mapping[str, Any]], "str | None"]
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class FamilyContract:
-    """What a proposer family needs and must report."""
+    """What a proposer family needs and must report, and what code acts on.
 
-    #: canonical family name (ngram, mtp, eagle, dflash, dspark)
+    How the proposer enters the launch config follows from ``asset_kind``: a paired
+    checkpoint is passed as the proposer model, a target-native one and none are not.
+    """
+
+    #: canonical family name (ngram, mtp, eagle, dflash, dspark, ...)
     family: str
     asset_kind: AssetKind
     dependency: Dependency
     #: telemetry fields the backend must report for this family
     telemetry: tuple[str, ...]
+    #: static target/proposer checks, in order (paired checkpoints only)
+    pair_checks: tuple[PairCheck, ...] = ()
+    #: validates the candidate's ``options`` table at study load
+    check_options: OptionsCheck | None = dataclasses.field(default=None, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "family": self.family,
+            "asset_kind": self.asset_kind.value,
+            "dependency": self.dependency.value,
+            "telemetry": list(self.telemetry),
+            "pair_checks": [c.value for c in self.pair_checks],
+        }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    """A candidate's speculative configuration in backend-neutral words; the backend
+    bundle turns it into its own launch argument (vLLM: ``--speculative-config``)."""
+
+    #: the backend's method name; None lets the backend detect it from the proposer
+    method: str | None
+    num_speculative_tokens: int
+    #: local path of the proposer checkpoint (paired-checkpoint families only)
+    proposer_path: str | None
+    #: family options passed through as given (e.g. prompt_lookup_min)
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -145,7 +257,7 @@ class Admission:
     """The admission verdict: a status and a machine-readable reason."""
 
     status: RunStatus
-    reason: str
+    reason: Reason
     #: human-readable detail (which method, which file, which field)
     detail: str = ""
 
@@ -156,7 +268,7 @@ class RunSummary:
 
     #: None when the run's status is unknown
     run_status: RunStatus | None
-    role: str  # "baseline" or "candidate"
+    role: Role | None
     target_snapshot: str | None = None
     workload_key: str | None = None
     sampling_key: str | None = None
@@ -202,12 +314,11 @@ class GateCheck:
     name: str
     value: float
     threshold: float
-    #: ">=" or "<="
-    op: str
+    op: GateOp
     passed: bool
 
     def describe(self) -> str:
-        return f"{self.name} {self.value:.3f} (needs {self.op} {self.threshold:g})"
+        return f"{self.name} {self.value:.3f} (needs {self.op.value} {self.threshold:g})"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

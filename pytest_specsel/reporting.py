@@ -1,37 +1,54 @@
 """Terminal summary and pytest-json-report integration (optional: registered only when
-pytest-json-report is active)."""
+pytest-json-report is active). Both read scenario views, nothing else."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
+from pytest_specsel.records import RunStatus
+from pytest_specsel.results import ScenarioView
 from pytest_specsel.session import OUTCOME_KEY
 from pytest_specsel.session import SpecselSession
 
 __all__ = ["JsonReportHooks", "format_rows", "write_summary"]
 
-_COLUMNS = (
-    ("case", "case", "{}"),
-    ("status", "status", "{}"),
-    ("speedup", "speedup", "{:.2f}x"),
-    ("ttft", "ttft p95", "{:.2f}"),
-    ("e2e_p95", "e2e p95", "{:.2f}"),
-    ("tok_s", "tok/s", "{:.1f}"),
-    ("mem_mb", "peak MB", "{:.0f}"),
-    ("accept", "accept", "{:.2f}"),
-    ("mal", "mean len", "{:.2f}"),
-    ("parity", "parity", "{}"),
-    ("decision", "decision", "{}"),
+
+def _parity(v: ScenarioView) -> str | None:
+    check = v.parity or v.baseline_self_check
+    if check is None:
+        return None
+    return f"{check.matched}/{check.total}" + ("" if v.parity else " self")
+
+
+#: (title, cell, format) per column; a cell of None prints as '-'
+_COLUMNS: tuple[tuple[str, Callable[[ScenarioView], Any], str], ...] = (
+    ("case", lambda v: f"{v.candidate}-{v.scenario}", "{}"),
+    ("status", lambda v: v.run_status.value, "{}"),
+    ("speedup", lambda v: v.evidence.throughput_speedup if v.evidence else None, "{:.2f}x"),
+    ("ttft p95", lambda v: v.evidence.ttft_ratio if v.evidence else None, "{:.2f}"),
+    ("e2e p95", lambda v: v.evidence.e2e_p95_ratio if v.evidence else None, "{:.2f}"),
+    ("tok/s", lambda v: v.throughput_tokens_per_s, "{:.1f}"),
+    ("peak MB", lambda v: v.peak_memory_mb, "{:.0f}"),
+    ("accept", lambda v: v.telemetry.acceptance_rate if v.telemetry else None, "{:.2f}"),
+    ("mean len", lambda v: v.telemetry.mean_accepted_length if v.telemetry else None, "{:.2f}"),
+    ("parity", _parity, "{}"),
+    ("decision", lambda v: v.verdict, "{}"),
 )
 
 
-def format_rows(rows: list[dict[str, Any]]) -> list[str]:
-    """A fixed-width table; missing figures print as '-'."""
-    cells = [[title for _, title, _ in _COLUMNS]]
-    for row in rows:
-        cells.append([("-" if row.get(k) is None else fmt.format(row[k])) for k, _, fmt in _COLUMNS])
+def format_rows(views: Sequence[ScenarioView]) -> list[str]:
+    """A fixed-width table, one row per view; missing figures print as '-'."""
+    cells = [[title for title, _, _ in _COLUMNS]]
+    for view in views:
+        row = []
+        for _, cell, fmt in _COLUMNS:
+            value = cell(view)
+            row.append("-" if value is None else fmt.format(value))
+        cells.append(row)
     widths = [max(len(r[i]) for r in cells) for i in range(len(_COLUMNS))]
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
 
@@ -41,15 +58,16 @@ def write_summary(terminalreporter: Any, specsel: SpecselSession) -> None:
     if sel is None:
         return
     terminalreporter.write_sep("=", "specsel: speculative-decoding selection")
-    for line in format_rows(specsel.report_rows()):
+    for line in format_rows(specsel.views()):
         terminalreporter.write_line(line)
-    for group, state in sel.groups.items():
+    for name in sel.names():
+        state = sel.state(name)
         if state.failure is not None:
-            terminalreporter.write_line(f"{group}: {state.run_status.value}: {state.failure.splitlines()[0]}")
-        elif state.run_status.value not in ("completed", "runnable"):
+            terminalreporter.write_line(f"{name}: {state.run_status.value}: {state.failure.splitlines()[0]}")
+        elif state.run_status not in (RunStatus.COMPLETED, RunStatus.RUNNABLE):
             detail = f" ({state.admission.detail.splitlines()[0]})" if state.admission.detail else ""
             terminalreporter.write_line(
-                f"{group}: {state.run_status.value}: {state.admission.reason}{detail}"
+                f"{name}: {state.run_status.value}: {state.admission.reason.value}{detail}"
             )
     for name, path in specsel.files.items():
         terminalreporter.write_line(f"specsel {name}: {path}")
@@ -73,14 +91,15 @@ class JsonReportHooks:
         sel = self.specsel.selection
         if sel is None:
             return
+        views = self.specsel.views()
         json_report["specsel"] = {
             "run_label": sel.paths.label,
             "manifest": str(self.specsel.files.get("manifest", sel.paths.manifest)),
             "handoff": str(self.specsel.files.get("handoff", sel.paths.handoff)),
-            "groups": {g: s.run_status.value for g, s in sel.groups.items()},
+            "groups": {n: sel.state(n).run_status.value for n in sel.names()},
             "decisions": {
-                g: {k: (r.decision.verdict.value if r.decision else None) for k, r in s.scenarios.items()}
-                for g, s in sel.groups.items()
-                if g != "g0_target_only"
+                n: {v.scenario: v.verdict for v in views if v.candidate == n}
+                for n in sel.names()
+                if not sel.state(n).candidate.is_baseline
             },
         }

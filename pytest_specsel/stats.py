@@ -35,10 +35,11 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return data[low] + (data[high] - data[low]) * (rank - low)
 
 
-def percentiles(values: Sequence[float], name: str) -> dict[str, float | None]:
-    """``{"p50_<name>": .., "p95_<name>": .., "p99_<name>": .., "mean_<name>": ..}``."""
-    out: dict[str, float | None] = {f"p{q}_{name}": percentile(values, q) for q in PERCENTILES}
-    out[f"mean_{name}"] = mean(values)
+def percentiles(values: Sequence[float], metric: str, unit: str = "ms") -> dict[str, float | None]:
+    """``{"<metric>_p50_<unit>": .., "<metric>_p95_<unit>": .., .., "<metric>_mean_<unit>": ..}``,
+    the chapter's spelling (``ttft_p95_ms``), one name per figure in every output."""
+    out: dict[str, float | None] = {f"{metric}_p{q}_{unit}": percentile(values, q) for q in PERCENTILES}
+    out[f"{metric}_mean_{unit}"] = mean(values)
     return out
 
 

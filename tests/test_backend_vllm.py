@@ -21,9 +21,15 @@ from pytest_specsel.backends.telemetry import parse_spec_counters
 from pytest_specsel.backends.vllm import VllmLauncher
 from pytest_specsel.backends.vllm import build_serve_argv
 from pytest_specsel.backends.vllm_cpu_install import ensure_vllm_metadata
+from pytest_specsel.families import family_contract
 from pytest_specsel.gating import backend_gate
 from pytest_specsel.gating import version_at_least
-from pytest_specsel.study import load_study
+from pytest_specsel.records import Device
+from pytest_specsel.records import SpeculativeConfig
+from pytest_specsel.study_file import load_study
+
+EAGLE = family_contract("eagle").pair_checks
+DFLASH = family_contract("dflash").pair_checks
 
 FAKE = str(Path(__file__).with_name("fake_vllm.py"))
 
@@ -50,9 +56,9 @@ def spec(tmp_path, monkeypatch):
         "/models/t",
         "served",
         settings,
-        {"method": "ngram", "num_speculative_tokens": 5},
+        SpeculativeConfig("ngram", 5, None, {"prompt_lookup_min": 3}),
         tmp_path / "logs" / "g1.log",
-        "cpu",
+        Device.CPU,
     )
 
 
@@ -74,6 +80,7 @@ class TestLifecycle:
         assert json.loads(argv[argv.index("--speculative-config") + 1]) == {
             "method": "ngram",
             "num_speculative_tokens": 5,
+            "prompt_lookup_min": 3,
         }
         assert "--enforce-eager" in argv and "--gpu-memory-utilization" not in argv
 
@@ -113,7 +120,7 @@ class TestLifecycle:
             from pathlib import Path
             from pytest_specsel.backends.protocol import LaunchSpec
             from pytest_specsel.backends.vllm import VllmLauncher
-            from pytest_specsel.study import load_study
+            from pytest_specsel.study_file import load_study
             study = load_study(None, Path({str(tmp_path)!r}))
             spec = LaunchSpec("g0", "/m", "s", dataclasses.replace(study.backend, startup_timeout_s=8.0), None,
                               Path({str(tmp_path)!r}) / "g0.log", "cpu")
@@ -236,14 +243,14 @@ class TestAssets:
             {"vocab_size": 100, "speculators_config": {"verifier": {"name_or_path": "org/Other-7B"}}},
         )
         good = write_model(tmp_path / "e", {"vocab_size": 100, "base_model_name_or_path": "org/t"})
-        assert models.check_pair(target, "org/t", bad_vocab, "eagle") == (
+        assert models.check_pair(target, "org/t", bad_vocab, EAGLE) == (
             False,
             "vocab_size: target 100 != proposer 101",
         )
-        assert models.check_pair(target, "org/t", bad_hidden, "eagle")[1].startswith("hidden_size")
-        assert models.check_pair(target, "org/t", bad_eos, "dflash")[1].startswith("tokenizer eos_token")
-        assert "trained for 'org/Other-7B'" in models.check_pair(target, "org/t", other, "eagle")[1]
-        assert models.check_pair(target, "org/t", good, "eagle")[0]
+        assert models.check_pair(target, "org/t", bad_hidden, EAGLE)[1].startswith("hidden_size")
+        assert models.check_pair(target, "org/t", bad_eos, DFLASH)[1].startswith("tokenizer eos_token")
+        assert "trained for 'org/Other-7B'" in models.check_pair(target, "org/t", other, EAGLE)[1]
+        assert models.check_pair(target, "org/t", good, EAGLE)[0]
 
     def test_memory_estimate_reads_headers_at_the_serving_dtype(self, tmp_path):
         folder = write_model(
@@ -288,12 +295,12 @@ class TestGates:
 
     def test_an_undeclared_method_is_unsupported_and_says_what_is_declared(self, tmp_path):
         study = load_study(None, tmp_path)
-        ok, why = backend_gate(study.strategy("g3_eagle"), self.cap(methods=("ngram",)))
+        ok, why = backend_gate(study.candidate("g3_eagle"), self.cap(methods=("ngram",)))
         assert not ok and why == "method 'eagle3' is not declared by vllm 0.32.0 (declared: ngram)"
 
     def test_an_old_backend_blocks_auto_detected_methods(self, tmp_path):
         study = load_study(None, tmp_path)
-        ok, why = backend_gate(study.strategy("g4_dflash"), self.cap(version="0.11.0"))
+        ok, why = backend_gate(study.candidate("g4_dflash"), self.cap(version="0.11.0"))
         assert not ok and "0.11.0 < 0.25.1" in why
 
 
@@ -328,8 +335,8 @@ class TestRealInspect:
 
         study = self.study(tmp_path, body)
         cap = fake_bundle()[1].capability
-        facts = VllmProber("cpu", tmp_path).inspect(study, study.strategy(group), cap)
-        return admit(admission_facts(study.strategy(group), cap, facts)), facts
+        facts = VllmProber("cpu", tmp_path).inspect(study, study.candidate(group), cap)
+        return admit(admission_facts(study.candidate(group), cap, facts)), facts
 
     def target(self, tmp_path, **extra):
         return write_model(

@@ -8,6 +8,8 @@ import pytest
 
 from pytest_specsel.backends.client import HttpBenchClient
 from pytest_specsel.backends.client import stream_one
+from pytest_specsel.backends.protocol import ReplayHooks
+from pytest_specsel.backends.protocol import ReplaySpec
 from pytest_specsel.backends.protocol import WarmupError
 from pytest_specsel.workloads import Prompt
 
@@ -136,10 +138,11 @@ def test_cancel_keeps_the_partial_stream():
     assert (sink[0].output_text, sink[0].error, sink[0].token_ids) == ("Hello", "cancelled", (1, 2))
 
 
-def run_client(client, prompts, **overrides):
+def run_client(client, prompts, on_measured_start=None, **overrides):
     """``client.run`` with the settings most tests share; a test overrides what it is about."""
     settings = dict(concurrency=1, warmup=0, repeats=1, max_tokens=8, temperature=0.0, timeout_s=5)
-    return client.run("http://x", "m", prompts, **{**settings, **overrides})
+    spec = ReplaySpec("http://x", "m", tuple(prompts), **{**settings, **overrides})
+    return client.run(spec, ReplayHooks(on_measured_start=on_measured_start))
 
 
 class TestRun:

@@ -195,11 +195,11 @@ class TestStats:
         assert stats.percentile(values, 99) == pytest.approx(3.97)
 
     def test_empty_is_none_not_zero(self):
-        assert stats.percentiles([], "ttft_ms") == {
-            "p50_ttft_ms": None,
-            "p95_ttft_ms": None,
-            "p99_ttft_ms": None,
-            "mean_ttft_ms": None,
+        assert stats.percentiles([], "ttft") == {
+            "ttft_p50_ms": None,
+            "ttft_p95_ms": None,
+            "ttft_p99_ms": None,
+            "ttft_mean_ms": None,
         }
 
     def test_out_of_range_q_is_an_error(self):

@@ -121,8 +121,8 @@ class TestOutcomes:
         )
         p.runpytest("--specsel-cpu", "--specsel-label", "wu", "-k", "ngram and general-c1")
         raw = json.loads((p.path / "results" / "wu" / "raw" / "g1_ngram__general-c1.json").read_text())
-        assert raw["telemetry"]["acceptance_rate"] == pytest.approx(0.6)
-        assert raw["telemetry"]["drafts"] == 8.0
+        assert raw["scenario"]["telemetry"]["acceptance_rate"] == pytest.approx(0.6)
+        assert raw["scenario"]["telemetry"]["drafts"] == 8.0
 
     def test_missing_telemetry_is_incomplete_evidence(self, project):
         p = project("{'g1_ngram': FakeScript(token_s=0.005, acceptance=None)}")
@@ -146,7 +146,7 @@ class TestOutcomes:
         result.stdout.fnmatch_lines(
             [
                 "*not_evaluated: not launched: no completed target-only baseline "
-                "(g0_target_only failed: specsel: fake launch of g0_target_only failed)*"
+                "(g0_target_only failed: specsel: fake launch of g0_target_only failed; log *"
             ]
         )
         assert "start g1_ngram" not in (p.path / "events.txt").read_text()
@@ -264,7 +264,8 @@ class TestFiles:
         assert summary["run_status"] == "failed"
         assert "2 of 2 requests failed" in summary["failure"]
         raw = json.loads((root / "raw" / "g1_ngram__general-c1.json").read_text())
-        assert len(raw["requests"]) == 2 and raw["requests"][0]["error"] == "fake request failure"
+        requests = raw["rounds"][0]["requests"]
+        assert len(requests) == 2 and requests[0]["error"] == "fake request failure"
 
     def test_interrupt_still_writes_manifest_and_stops_servers(self, project):
         p = project("{'g1_ngram': FakeScript(interrupt_at_run=1)}")
@@ -282,15 +283,16 @@ class TestFiles:
             "stop g1_ngram",
         ]
         raw = json.loads((p.path / "results" / "ctrlc" / "raw" / "g1_ngram__general-c1.json").read_text())
-        assert raw["error"] == "interrupted" and len(raw["requests"]) == 1
+        assert raw["scenario"]["error"] == "interrupted" and len(raw["rounds"][0]["requests"]) == 1
 
     def test_an_interrupted_self_check_keeps_the_measured_baseline(self, project):
         p = project("{'g0_target_only': FakeScript(interrupt_at_run=2)}")
         result = p.runpytest_subprocess("--specsel-cpu", "--specsel-label", "sc", "-k", "g0 and general-c1")
         assert result.ret == pytest.ExitCode.INTERRUPTED
         raw = json.loads((p.path / "results" / "sc" / "raw" / "g0_target_only__general-c1.json").read_text())
-        assert raw["run_status"] == "completed" and len(raw["requests"]) == 2
-        assert raw["self_check"] is None and len(raw["self_check_requests"]) == 1
+        assert raw["scenario"]["run_status"] == "completed" and len(raw["rounds"][0]["requests"]) == 2
+        assert raw["scenario"]["baseline_self_check"] is None
+        assert raw["rounds"][1]["error"] == "interrupted" and len(raw["rounds"][1]["requests"]) == 1
         assert _manifest(p, "sc")["complete"] is False
 
     def test_json_report_carries_decisions_and_paths(self, project):
@@ -309,8 +311,8 @@ class TestFiles:
         assert report["specsel"]["decisions"]["g1_ngram"] == {"general-c1": "accept"}
         assert report["specsel"]["manifest"].endswith("results/j/manifest.json")
         test = next(t for t in report["tests"] if "g1_ngram" in t["nodeid"])
-        assert test["metadata"]["specsel"]["decision"] == "accept"
-        assert test["metadata"]["specsel"]["throughput_speedup"] == pytest.approx(1.6, rel=0.01)
+        assert test["metadata"]["specsel"]["decision"]["verdict"] == "accept"
+        assert test["metadata"]["specsel"]["evidence"]["throughput_speedup"] == pytest.approx(1.6, rel=0.01)
 
     def test_benchmark_json_carries_each_measured_scenario(self, project):
         p = project("{'g1_ngram': FakeScript(token_s=0.005)}")
@@ -326,8 +328,8 @@ class TestFiles:
         bench = json.loads((p.path / "bench.json").read_text())
         infos = {b["param"]: b["extra_info"] for b in bench["benchmarks"]}
         assert set(infos) == {"g0_target_only-general-c1", "g1_ngram-general-c1"}
-        assert infos["g1_ngram-general-c1"]["decision"] == "accept"
-        assert infos["g1_ngram-general-c1"]["acceptance_rate"] == pytest.approx(0.6)
+        assert infos["g1_ngram-general-c1"]["decision"]["verdict"] == "accept"
+        assert infos["g1_ngram-general-c1"]["telemetry"]["acceptance_rate"] == pytest.approx(0.6)
 
     def test_terminal_summary_has_a_row_per_case(self, project):
         p = project("{'g1_ngram': FakeScript(token_s=0.005)}")

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from pytest_specsel.study import GROUPS
-from pytest_specsel.study import StudyError
-from pytest_specsel.study import load_study
+from pytest_specsel.study_file import StudyError
+from pytest_specsel.study_file import load_study
 from pytest_specsel.workloads import WorkloadError
 from pytest_specsel.workloads import load_workload
 
@@ -26,9 +26,9 @@ def test_defaults_are_the_chapters(tmp_path):
     assert study.target_model == "Qwen/Qwen2.5-1.5B-Instruct"
     assert (study.num_prompts, study.warmup, study.repeats, study.max_tokens) == (8, 2, 1, 64)
     assert study.temperature == 0.0 and study.num_speculative_tokens == 5
-    assert [s.group for s in study.strategies] == list(GROUPS)
-    assert study.strategy("g1_ngram").options == {"prompt_lookup_min": 3, "prompt_lookup_max": 5}
-    assert study.strategy("g4_dflash").min_backend_version == "0.25.1"
+    assert [s.group for s in study.candidates] == list(GROUPS)
+    assert study.candidate("g1_ngram").options == {"prompt_lookup_min": 3, "prompt_lookup_max": 5}
+    assert study.candidate("g4_dflash").min_backend_version == "0.25.1"
     assert study.gates.min_throughput_speedup == 1.10
 
 
@@ -63,7 +63,7 @@ def test_model_folders_are_relative_to_the_study_file(tmp_path):
     )
     study = load_study(path, tmp_path)
     assert study.target_model == "org/target"
-    assert study.strategy("g3_eagle").asset == str((tmp_path / "models" / "eagle").resolve())
+    assert study.candidate("g3_eagle").asset == str((tmp_path / "models" / "eagle").resolve())
 
 
 def test_a_workloads_table_replaces_the_default_set(tmp_path):
@@ -79,14 +79,14 @@ def test_a_strategy_override_keeps_the_other_defaults(tmp_path):
         asset = "/models/eagle3"
     """,
     )
-    g3 = load_study(None, tmp_path).strategy("g3_eagle")
+    g3 = load_study(None, tmp_path).candidate("g3_eagle")
     assert (g3.asset, g3.method, g3.family) == ("/models/eagle3", "eagle3", "eagle")
 
 
 @pytest.mark.parametrize(
     "body,line,needle",
     [
-        ('[specsel]\nrun_label = "a b"\n', 2, "run_label: 'a b' may only use letters"),
+        ('[specsel]\nrun_label = "a b"\n', 2, "run_label: 'a b': a run label may only use letters"),
         ("[specsel.backend]\ngpu_memory_utilization = 1.0\n", 2, "must lie strictly between 0 and 1"),
         ("[specsel.run]\nwarmup = -1\n", 2, "run.warmup: -1 must be >= 0"),
         ("[specsel.run]\nconcurrency = [1, 0]\n", 2, "run.concurrency: 0 must be a positive integer"),

@@ -12,14 +12,14 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from collections.abc import Sequence
 from typing import Any
 
 import httpx
 from httpx_sse import aconnect_sse
 
 from pytest_specsel.backends.protocol import ClientRun
-from pytest_specsel.backends.protocol import Progress
+from pytest_specsel.backends.protocol import ReplayHooks
+from pytest_specsel.backends.protocol import ReplaySpec
 from pytest_specsel.backends.protocol import WarmupError
 from pytest_specsel.measurement import RequestRecord
 from pytest_specsel.workloads import Prompt
@@ -146,104 +146,49 @@ class HttpBenchClient:
         self._clock = clock
         self._transport = transport
 
-    def run(
-        self,
-        base_url: str,
-        model: str,
-        prompts: Sequence[Prompt],
-        *,
-        concurrency: int,
-        warmup: int,
-        repeats: int,
-        max_tokens: int,
-        temperature: float,
-        timeout_s: float,
-        sink: list[RequestRecord] | None = None,
-        progress: Progress | None = None,
-        on_measured_start: Callable[[], None] | None = None,
-    ) -> ClientRun:
-        return asyncio.run(
-            self._run(
-                base_url,
-                model,
-                prompts,
-                concurrency,
-                warmup,
-                repeats,
-                max_tokens,
-                temperature,
-                timeout_s,
-                sink if sink is not None else [],
-                progress,
-                on_measured_start,
-            )
-        )
+    def run(self, spec: ReplaySpec, hooks: ReplayHooks | None = None) -> ClientRun:
+        return asyncio.run(self._run(spec, hooks or ReplayHooks()))
 
-    async def _run(
-        self,
-        base_url: str,
-        model: str,
-        prompts: Sequence[Prompt],
-        concurrency: int,
-        warmup: int,
-        repeats: int,
-        max_tokens: int,
-        temperature: float,
-        timeout_s: float,
-        sink: list[RequestRecord],
-        progress: Progress | None,
-        on_measured_start: Callable[[], None] | None,
-    ) -> ClientRun:
-        url = base_url.rstrip("/") + "/v1/chat/completions"
-        timeout = httpx.Timeout(timeout_s, connect=10.0)
-        limits = httpx.Limits(max_connections=concurrency + 1)
+    async def _warmup(self, client: httpx.AsyncClient, url: str, spec: ReplaySpec) -> None:
+        """Sequential, not measured; cycling is fine here, nothing is counted."""
+        errors = []
+        for i in range(spec.warmup):
+            p = spec.prompts[i % len(spec.prompts)]
+            payload = _payload(spec.model, p, spec.max_tokens, spec.temperature)
+            r = await stream_one(client, url, payload, p, -1, self._clock(), self._clock)
+            if not r.ok:
+                errors.append(r.error)
+        if spec.warmup and len(errors) == spec.warmup:
+            raise WarmupError(
+                f"specsel: all {spec.warmup} warmup requests to {url} failed; first error: {errors[0]}"
+            )
+
+    async def _run(self, spec: ReplaySpec, hooks: ReplayHooks) -> ClientRun:
+        url = spec.base_url.rstrip("/") + "/v1/chat/completions"
+        timeout = httpx.Timeout(spec.timeout_s, connect=10.0)
+        limits = httpx.Limits(max_connections=spec.concurrency + 1)
+        sink = hooks.sink if hooks.sink is not None else []
+        jobs = [(rep, p) for rep in range(spec.repeats) for p in spec.prompts]
         async with httpx.AsyncClient(timeout=timeout, limits=limits, transport=self._transport) as client:
-            # Warmup: sequential, not measured; cycling is fine here, nothing is counted.
-            warm_errors = []
-            for i in range(warmup):
-                p = prompts[i % len(prompts)]
-                r = await stream_one(
-                    client,
-                    url,
-                    _payload(model, p, max_tokens, temperature),
-                    p,
-                    -1,
-                    self._clock(),
-                    self._clock,
-                )
-                if not r.ok:
-                    warm_errors.append(r.error)
-            if warmup and len(warm_errors) == warmup:
-                raise WarmupError(
-                    f"specsel: all {warmup} warmup requests to {url} failed; first error: {warm_errors[0]}"
-                )
-            jobs = [(rep, p) for rep in range(repeats) for p in prompts]
-            gate = asyncio.Semaphore(concurrency)
+            await self._warmup(client, url, spec)
+            gate = asyncio.Semaphore(spec.concurrency)
             done = 0
-            if on_measured_start is not None:
-                on_measured_start()
+            if hooks.on_measured_start is not None:
+                hooks.on_measured_start()
             start = self._clock()
 
             async def one(rep: int, p: Prompt) -> None:
                 nonlocal done
+                payload = _payload(spec.model, p, spec.max_tokens, spec.temperature)
                 async with gate:
-                    r = await stream_one(
-                        client,
-                        url,
-                        _payload(model, p, max_tokens, temperature),
-                        p,
-                        rep,
-                        start,
-                        self._clock,
-                        sink,
-                    )
+                    r = await stream_one(client, url, payload, p, rep, start, self._clock, sink)
                 sink.append(r)
                 done += 1
-                if progress is not None:
-                    progress(done, len(jobs))
+                if hooks.progress is not None:
+                    hooks.progress(done, len(jobs))
 
             await asyncio.gather(*(one(rep, p) for rep, p in jobs))
             duration = self._clock() - start
         order = {(rep, p.request_id): i for i, (rep, p) in enumerate(jobs)}
         ordered = sorted(sink, key=lambda r: order.get((r.repeat, r.request_id), len(order)))
-        return ClientRun(tuple(ordered), warmup, duration)
+        return ClientRun(tuple(ordered), spec.warmup, duration)

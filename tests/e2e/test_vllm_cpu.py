@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from pytest_specsel.backends.bundled import BUNDLED_REPO_ID
-from pytest_specsel.backends.vllm import probe_vllm
-from pytest_specsel.backends.vllm import resolve_vllm_command
+from pytest_specsel.backends.vllm_probe import probe_vllm
+from pytest_specsel.backends.vllm_probe import resolve_vllm_command
 
 pytestmark = [
     pytest.mark.e2e,
@@ -102,28 +102,27 @@ max_tokens = 48
     g1 = handoff["candidates"]["g1_ngram"]["scenarios"]["repetition-c1"]
     assert g1["evidence"]["status"] in ("comparable", "incomplete")
     assert g1["decision"]["verdict"] in ("accept", "tune", "reject")
-    tele = g1["figures"]["telemetry"]
-    assert tele["source"] == "vllm_prometheus_counter_delta"
+    tele = g1["telemetry"]
+    assert (tele["source"], tele["origin"]) == ("backend_counter_delta", "vllm_prometheus")
     assert tele["draft_tokens"] > 0 and tele["accepted_tokens"] > 0 and tele["mechanism_active"] is True
     assert 0 < tele["acceptance_rate"] <= 1 and tele["mean_accepted_length"] > 1
 
     raw = json.loads((root / "raw" / "g1_ngram__repetition-c1.json").read_text())
-    assert len(raw["requests"]) == 4 and all(r["ok"] for r in raw["requests"])
-    for r in raw["requests"]:
+    requests = raw["rounds"][0]["requests"]
+    assert len(requests) == 4 and all(r["ok"] for r in requests)
+    for r in requests:
         assert r["output_tokens"] > 0 and r["ttft_ms"] > 0 and r["e2e_ms"] >= r["ttft_ms"]
         assert len(r["token_ids"]) == r["output_tokens"]
     base_raw = json.loads((root / "raw" / "g0_target_only__repetition-c1.json").read_text())
-    assert base_raw["telemetry"]["source"] == "not_exported"
-    assert (
-        base_raw["memory"]["measured"] == "cpu_rss_server_process_tree"
-        and base_raw["memory"]["peak_mb"] > 100
-    )
+    assert base_raw["scenario"]["telemetry"]["source"] == "not_exported"
+    memory = base_raw["scenario"]["memory"]
+    assert memory["measured"] == "cpu_rss_server_process_tree" and memory["peak_mb"] > 100
     assert (root / "logs" / "g0_target_only.log").read_text().count("vllm") > 0
 
     report = json.loads((pytester.path / "report.json").read_text())
     assert report["specsel"]["groups"]["g1_ngram"] == "completed"
     test = next(t for t in report["tests"] if "g1_ngram-repetition-c1" in t["nodeid"])
-    assert test["metadata"]["specsel"]["acceptance_rate"] == tele["acceptance_rate"]
+    assert test["metadata"]["specsel"]["telemetry"]["acceptance_rate"] == tele["acceptance_rate"]
 
     # No server outlives the run: no process is left with this run's served name.
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout

@@ -1,0 +1,243 @@
+"""What a selection run knows: scenarios, per-scenario results, per-candidate state, and
+the one typed per-scenario view every output is written from.
+
+``ScenarioView`` is the single shape of a scenario's outcome: the raw file, the group
+summaries, the handoff, the pytest outcome, the terminal table and the json-report
+metadata all read it, and its ``to_json`` is the one JSON form.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pytest_specsel.measurement import MemoryReading
+from pytest_specsel.measurement import Round
+from pytest_specsel.measurement import ScenarioFigures
+from pytest_specsel.measurement import SpecTelemetry
+from pytest_specsel.parity import ParityResult
+from pytest_specsel.records import Admission
+from pytest_specsel.records import Decision
+from pytest_specsel.records import EvidenceStatus
+from pytest_specsel.records import PairEvidence
+from pytest_specsel.records import Pairing
+from pytest_specsel.records import Role
+from pytest_specsel.records import RunStatus
+from pytest_specsel.records import RunSummary
+from pytest_specsel.records import SpeculativeConfig
+from pytest_specsel.records import Verdict
+from pytest_specsel.records import to_json
+from pytest_specsel.study import Candidate
+
+__all__ = [
+    "CandidateState",
+    "Scenario",
+    "ScenarioResult",
+    "ScenarioView",
+    "not_run_view",
+    "relative",
+    "settled_status",
+    "view_of",
+]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Scenario:
+    """One workload at one concurrency; also the pytest parameter of a candidate test."""
+
+    workload: str
+    concurrency: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.workload}-c{self.concurrency}"
+
+    def __str__(self) -> str:
+        return self.key
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScenarioResult:
+    """One candidate's (or baseline's) measurement of one scenario, paired when a candidate."""
+
+    candidate: str
+    scenario: Scenario
+    role: Role
+    track: str
+    run_status: RunStatus
+    #: the rounds measured, in time order; figures, telemetry and memory come from the first
+    rounds: tuple[Round, ...]
+    raw_path: Path
+    summary: RunSummary
+    #: a baseline's later round against its first (baseline only)
+    self_check: ParityResult | None = None
+    #: the candidate's outputs against its baseline's
+    parity: ParityResult | None = None
+    evidence: PairEvidence | None = None
+    decision: Decision | None = None
+    pairing: Pairing | None = None
+    #: at the candidate's first divergence, whether the baseline also diverged from itself
+    baseline_self_diverges: bool | None = None
+    error: str | None = None
+
+    @property
+    def measured(self) -> Round | None:
+        return self.rounds[0] if self.rounds else None
+
+
+@dataclasses.dataclass(slots=True)
+class CandidateState:
+    """A candidate's life in one run; the runner owns and updates it."""
+
+    candidate: Candidate
+    track: str
+    admission: Admission
+    #: resolved assets (``backends.protocol.AssetFacts``); None when inspection failed
+    assets: Any
+    run_status: RunStatus
+    speculative: SpeculativeConfig | None = None
+    #: the backend's own launch words for ``speculative`` (vLLM: the --speculative-config object)
+    launch_config: Mapping[str, Any] | None = None
+    failure: str | None = None
+    log_path: Path | None = None
+    scenarios: dict[str, ScenarioResult] = dataclasses.field(default_factory=dict)
+    launch_s: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.candidate.name
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScenarioView:
+    """The per-scenario record every output is built from."""
+
+    candidate: str
+    scenario: str
+    workload: str
+    concurrency: int
+    role: Role
+    track: str
+    run_status: RunStatus
+    error: str | None
+    #: relative to the run folder
+    raw_path: str | None
+    rounds: int
+    pairing: Pairing | None
+    figures: ScenarioFigures | None
+    peak_memory_mb: float | None
+    memory: MemoryReading | None
+    telemetry: SpecTelemetry | None
+    parity: ParityResult | None
+    baseline_self_check: ParityResult | None
+    baseline_self_diverges: bool | None
+    evidence: PairEvidence | None
+    decision: Decision | None
+
+    @property
+    def throughput_tokens_per_s(self) -> float | None:
+        return self.figures.throughput_tokens_per_s if self.figures else None
+
+    @property
+    def ttft_p95_ms(self) -> float | None:
+        return self.figures.ttft_p95_ms if self.figures else None
+
+    @property
+    def e2e_p95_ms(self) -> float | None:
+        return self.figures.e2e_p95_ms if self.figures else None
+
+    @property
+    def verdict(self) -> str:
+        """The decision cell: the verdict, ``baseline`` for a measured baseline."""
+        if self.decision is not None:
+            return self.decision.verdict.value
+        if self.role is Role.BASELINE and self.run_status is RunStatus.COMPLETED:
+            return "baseline"
+        return Verdict.NOT_EVALUATED.value
+
+    def to_json(self) -> dict[str, Any]:
+        return to_json(self)
+
+
+def relative(path: Path | None, root: Path) -> str | None:
+    """``path`` relative to a run folder (as written into documents), else as it is."""
+    if path is None:
+        return None
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
+
+
+def view_of(result: ScenarioResult, root: Path) -> ScenarioView:
+    """The view of a measured (or attempted) scenario."""
+    first = result.measured
+    memory = first.memory if first else None
+    return ScenarioView(
+        candidate=result.candidate,
+        scenario=result.scenario.key,
+        workload=result.scenario.workload,
+        concurrency=result.scenario.concurrency,
+        role=result.role,
+        track=result.track,
+        run_status=result.run_status,
+        error=result.error,
+        raw_path=relative(result.raw_path, root),
+        rounds=len(result.rounds),
+        pairing=result.pairing,
+        figures=first.figures if first else None,
+        peak_memory_mb=memory.peak_mb if memory else None,
+        memory=memory,
+        telemetry=first.telemetry if first else None,
+        parity=result.parity,
+        baseline_self_check=result.self_check,
+        baseline_self_diverges=result.baseline_self_diverges,
+        evidence=result.evidence,
+        decision=result.decision,
+    )
+
+
+def not_run_view(state: CandidateState, scenario: Scenario, role: Role) -> ScenarioView:
+    """The view of a scenario a candidate never measured: evidence and decision not_evaluated."""
+    candidate = role is Role.CANDIDATE
+    return ScenarioView(
+        candidate=state.name,
+        scenario=scenario.key,
+        workload=scenario.workload,
+        concurrency=scenario.concurrency,
+        role=role,
+        track=state.track,
+        run_status=state.run_status,
+        error=state.failure,
+        raw_path=None,
+        rounds=0,
+        pairing=None,
+        figures=None,
+        peak_memory_mb=None,
+        memory=None,
+        telemetry=None,
+        parity=None,
+        baseline_self_check=None,
+        baseline_self_diverges=None,
+        evidence=PairEvidence(
+            EvidenceStatus.NOT_EVALUATED,
+            missing_evidence=("completed_pair",),
+            candidate_run_status=state.run_status,
+        )
+        if candidate
+        else None,
+        decision=Decision(Verdict.NOT_EVALUATED, "evidence_not_evaluated") if candidate else None,
+    )
+
+
+def settled_status(state: CandidateState) -> tuple[RunStatus, str | None]:
+    """After its server stopped: a runnable candidate that measured something is completed,
+    or failed when any scenario failed (the failure names each failed scenario)."""
+    if state.run_status is not RunStatus.RUNNABLE or not state.scenarios:
+        return state.run_status, state.failure
+    failed = {k: r.error for k, r in state.scenarios.items() if r.run_status is RunStatus.FAILED}
+    if not failed:
+        return RunStatus.COMPLETED, state.failure
+    return RunStatus.FAILED, state.failure or "; ".join(f"{k}: {e}" for k, e in failed.items())
