@@ -37,6 +37,7 @@ __all__ = [
     "manifest_document",
     "raw_arguments",
     "raw_document",
+    "run_documents",
 ]
 
 MANIFEST_SCHEMA = "specsel-manifest/v2"
@@ -186,3 +187,19 @@ def handoff_document(
             for state, views in candidates
         },
     }
+
+
+def run_documents(
+    header: RunHeader,
+    study: Study,
+    run: Mapping[str, Any],
+    states: Sequence[tuple[CandidateState, Sequence[ScenarioView]]],
+    baselines: Mapping[str, Sequence[ScenarioView]],
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """Every document a run ends with: the group summaries (by candidate), the manifest
+    (without its extensions) and the handoff."""
+    summaries = {state.name: group_document(header, state, views) for state, views in states}
+    extra = {t: v for t, v in baselines.items() if t != study.target_model}
+    manifest = manifest_document(header, run, [s for s, _ in states], extra, header.root / "handoff.json")
+    candidates = [(s, v) for s, v in states if not s.candidate.is_baseline]
+    return summaries, manifest, handoff_document(header, study, baselines, candidates)

@@ -9,6 +9,7 @@ metadata all read it, and its ``to_json`` is the one JSON form.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ __all__ = [
     "not_run_view",
     "relative",
     "settled_status",
+    "track_snapshot",
     "view_of",
 ]
 
@@ -241,3 +243,12 @@ def settled_status(state: CandidateState) -> tuple[RunStatus, str | None]:
     if not failed:
         return RunStatus.COMPLETED, state.failure
     return RunStatus.FAILED, state.failure or "; ".join(f"{k}: {e}" for k, e in failed.items())
+
+
+def track_snapshot(states: Iterable[CandidateState], track: str, state: CandidateState | None) -> str | None:
+    """The target snapshot a track's measurements are made on (the candidate's own, else
+    that of any candidate of the track whose assets were resolved)."""
+    if state is not None and state.assets is not None:
+        return str(state.assets.target_snapshot)
+    found = next((s for s in states if s.track == track and s.assets), None)
+    return str(found.assets.target_snapshot) if found is not None else None

@@ -21,7 +21,6 @@ from pytest_specsel import artifacts
 from pytest_specsel import documents
 from pytest_specsel.backends.protocol import BackendBundle
 from pytest_specsel.backends.protocol import LaunchError
-from pytest_specsel.backends.protocol import LaunchSpec
 from pytest_specsel.backends.protocol import ServerHandle
 from pytest_specsel.measurement import Round
 from pytest_specsel.pairing import pair
@@ -43,7 +42,9 @@ from pytest_specsel.results import ScenarioResult
 from pytest_specsel.results import ScenarioView
 from pytest_specsel.results import not_run_view
 from pytest_specsel.results import settled_status
+from pytest_specsel.results import track_snapshot
 from pytest_specsel.results import view_of
+from pytest_specsel.servers import ServerPool
 from pytest_specsel.study import Study
 from pytest_specsel.workloads import Workload
 
@@ -75,17 +76,17 @@ class Selection:
         self.paths = paths
         self._bundle = bundle
         self._real, self._device, self._hint, self._say = real, device, dry_run_hint, say
+        self._timings: dict[str, float] = {}
         self._capability: Any = None
         self._states: dict[str, CandidateState] = {}
         #: per track, per scenario key: the baseline's result
         self._baselines: dict[str, dict[str, ScenarioResult]] = {}
         self._workloads: dict[str, Workload] = {}
-        self._servers: dict[str, ServerHandle] = {}
+        self._servers = ServerPool(bundle, study, device, self._timings, say)
         #: per server name: the scenario keys it will measure, for progress and launches
         self._plan: dict[str, list[str]] = {}
         self._interrupted = False
         self._started = time.time()
-        self._timings: dict[str, float] = {}
 
     # -- what the session reads ---------------------------------------------------------
     @property
@@ -134,28 +135,10 @@ class Selection:
         self, name: str, target_path: str, spec: SpeculativeConfig | None, state: CandidateState | None
     ) -> ServerHandle:
         log_path = self.paths.log(name)
+        handle, elapsed = self._servers.start(name, target_path, spec, log_path)
         if state is not None:
-            state.log_path = log_path
-        launch = LaunchSpec(
-            name, target_path, self.study.served_name, self.study.backend, spec, log_path, self._device
-        )
-        self._say(f"[specsel] {name}: starting server (log {log_path})")
-        t0 = time.monotonic()
-        handle = self._bundle.launcher.start(launch)
-        elapsed = self._timings[f"{name}.server_start_s"] = time.monotonic() - t0
-        if state is not None:
-            state.launch_s = elapsed
-        self._say(f"[specsel] {name}: server ready in {elapsed:.0f}s at {handle.base_url}")
+            state.log_path, state.launch_s = log_path, elapsed
         return handle
-
-    def _stop(self, name: str, handle: ServerHandle) -> None:
-        t0 = time.monotonic()
-        handle.stop()
-        released = self._bundle.prober.wait_released(timeout_s=120.0)
-        self._timings[f"{name}.server_stop_s"] = time.monotonic() - t0
-        self._say(
-            f"[specsel] {name}: server stopped" + ("" if released else " (device memory not yet released)")
-        )
 
     def open(self, name: str) -> None:
         """Start a candidate's server; for a speculative candidate, first measure its track
@@ -178,22 +161,20 @@ class Selection:
                 state.failure = f"not launched: no completed target-only baseline ({status})"
                 raise BaselineUnavailable(state.failure)
         try:
-            self._servers[name] = self._launch(name, state.assets.target_path, state.speculative, state)
+            self._launch(name, state.assets.target_path, state.speculative, state)
         except LaunchError as exc:
             state.run_status, state.failure = RunStatus.FAILED, str(exc)
             raise
 
     def close(self, name: str) -> None:
         """Stop a candidate's server (if it has one) and settle its status."""
-        handle = self._servers.pop(name, None)
-        if handle is not None:
-            self._stop(name, handle)
+        self._servers.stop(name)
         state = self._states[name]
         state.run_status, state.failure = settled_status(state)
 
     def stop_all(self) -> None:
         """Safety net at the end (interrupts included): no server outlives the run."""
-        for name in list(self._servers):
+        for name in self._servers.names():
             self.close(name)
 
     def _baseline_name(self) -> str:
@@ -227,7 +208,7 @@ class Selection:
             for key in missing:
                 self._measure(name, track, handle, self._scenario(key), state)
         finally:
-            self._stop(name, handle)
+            self._servers.stop(name)
             if state is not None:
                 state.run_status, state.failure = settled_status(state)
 
@@ -240,7 +221,9 @@ class Selection:
         state = self._states[name]
         if scenario.key in state.scenarios:
             return state.scenarios[scenario.key]
-        return self._measure(name, state.track, self._servers[name], scenario, state)
+        handle = self._servers.get(name)
+        assert handle is not None, f"specsel: {name} has no server up"
+        return self._measure(name, state.track, handle, scenario, state)
 
     def _measure(
         self, name: str, track: str, handle: ServerHandle, scenario: Scenario, state: CandidateState | None
@@ -302,7 +285,7 @@ class Selection:
             role,
             status,
             rounds[0],
-            target_snapshot=self._snapshot(track, state),
+            target_snapshot=track_snapshot(self._states.values(), track, state),
             workload_key=f"{scenario.workload}@{workload.sha256[:12]}-n{len(workload.prompts)}"
             f"x{self.study.repeats}-c{scenario.concurrency}",
             sampling_key=self.study.sampling_key,
@@ -333,12 +316,6 @@ class Selection:
         artifacts.write_json(result.raw_path, raw)
         return result
 
-    def _snapshot(self, track: str, state: CandidateState | None) -> str | None:
-        if state is not None and state.assets is not None:
-            return str(state.assets.target_snapshot)
-        cand = next((s for s in self._states.values() if s.track == track and s.assets), None)
-        return str(cand.assets.target_snapshot) if cand is not None else None
-
     # -- files -------------------------------------------------------------------------
     def views(self, name: str) -> list[ScenarioView]:
         return [self.view(name, s) for s in self.scenarios]
@@ -347,16 +324,6 @@ class Selection:
         """Write every group summary, the manifest and the handoff. Safe to call on failure."""
         self._timings["wall_s"] = time.time() - self._started
         header = documents.RunHeader(self.paths.label, self.paths.root, not self._interrupted)
-        states = [self._states[n] for n in self.names()]
-        for state in states:
-            artifacts.write_json(
-                self.paths.summary(state.name),
-                documents.group_document(header, state, self.views(state.name)),
-            )
-        baselines = {
-            track: [view_of(r, self.paths.root) for r in results.values()]
-            for track, results in self._baselines.items()
-        }
         run = {
             "real_experiment": self._real,
             "device": self._device.value,
@@ -365,12 +332,15 @@ class Selection:
             "environment": to_json(self._capability) if self._capability else None,
             "timings_s": dict(self._timings),
         }
-        extra = {t: v for t, v in baselines.items() if t != self.study.target_model}
-        manifest = documents.manifest_document(header, run, states, extra, self.paths.handoff)
+        baselines = {
+            t: [view_of(r, self.paths.root) for r in rs.values()] for t, rs in self._baselines.items()
+        }
+        states = [(self._states[n], self.views(n)) for n in self.names()]
+        summaries, manifest, handoff = documents.run_documents(header, self.study, run, states, baselines)
+        for name, summary in summaries.items():
+            artifacts.write_json(self.paths.summary(name), summary)
         manifest["extensions"] = dict(extensions(manifest)) if extensions is not None else {}
         artifacts.write_json(self.paths.manifest, manifest)
-        candidates = [(s, self.views(s.name)) for s in states if not s.candidate.is_baseline]
-        handoff = documents.handoff_document(header, self.study, baselines, candidates)
         artifacts.write_json(self.paths.handoff, handoff)
         return {"manifest": self.paths.manifest, "handoff": self.paths.handoff}
 
