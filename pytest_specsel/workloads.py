@@ -36,52 +36,65 @@ class Workload:
     prompts: tuple[Prompt, ...]
 
 
+def _decode(raw: bytes, path: Path) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise WorkloadError(
+            f"specsel: {path}: not UTF-8 at byte {exc.start} (line {line}): {exc.reason}; "
+            "workloads are UTF-8 JSONL: re-encode the file"
+        ) from None
+
+
+def _prompt(line: str, where: str) -> Prompt:
+    """One validated JSONL line."""
+    try:
+        item = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise WorkloadError(f"specsel: {where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(item, dict):
+        raise WorkloadError(f"specsel: {where}: each line must be a JSON object, got {type(item).__name__}")
+    unknown = set(item) - _ALLOWED
+    if unknown:
+        raise WorkloadError(
+            f"specsel: {where}: unknown key(s) {sorted(unknown)}; accepted: {sorted(_ALLOWED)}"
+        )
+    rid, prompt, max_tokens = item.get("request_id"), item.get("prompt"), item.get("max_tokens")
+    if not isinstance(rid, str) or not rid.strip():
+        raise WorkloadError(f"specsel: {where}: 'request_id' must be a non-empty string, got {rid!r}")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise WorkloadError(f"specsel: {where}: 'prompt' must be a non-empty string")
+    if max_tokens is not None and (
+        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens <= 0
+    ):
+        raise WorkloadError(f"specsel: {where}: 'max_tokens' must be a positive integer, got {max_tokens!r}")
+    return Prompt(rid, prompt, max_tokens)
+
+
 def load_workload(name: str, path: Path, num_prompts: int | None = None) -> Workload:
     """Read and validate a JSONL workload.
 
     :param num_prompts: how many prompts the study sends; the first ``num_prompts`` are
         taken, and a file with fewer is an error (prompts are never cycled).
-    :raises WorkloadError: naming ``file:line`` and what to fix.
+    :raises WorkloadError: naming ``file:line`` (or the byte, for bad UTF-8) and what to fix.
     """
     if not path.is_file():
         raise WorkloadError(f"specsel: workload {name!r}: {path}: no such file")
     raw = path.read_bytes()
     prompts: list[Prompt] = []
     seen: dict[str, int] = {}
-    for number, line in enumerate(raw.decode("utf-8").splitlines(), 1):
-        where = f"{path}:{number}"
+    for number, line in enumerate(_decode(raw, path).splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
+        prompt = _prompt(line, f"{path}:{number}")
+        if prompt.request_id in seen:
             raise WorkloadError(
-                f"specsel: {where}: not valid JSON ({exc.msg} at column {exc.colno})"
-            ) from None
-        if not isinstance(item, dict):
-            raise WorkloadError(
-                f"specsel: {where}: each line must be a JSON object, got {type(item).__name__}"
+                f"specsel: {path}:{number}: duplicate request_id {prompt.request_id!r} "
+                f"(first at line {seen[prompt.request_id]})"
             )
-        unknown = set(item) - _ALLOWED
-        if unknown:
-            raise WorkloadError(
-                f"specsel: {where}: unknown key(s) {sorted(unknown)}; accepted: {sorted(_ALLOWED)}"
-            )
-        rid, prompt, max_tokens = item.get("request_id"), item.get("prompt"), item.get("max_tokens")
-        if not isinstance(rid, str) or not rid.strip():
-            raise WorkloadError(f"specsel: {where}: 'request_id' must be a non-empty string, got {rid!r}")
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise WorkloadError(f"specsel: {where}: 'prompt' must be a non-empty string")
-        if max_tokens is not None and (
-            not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens <= 0
-        ):
-            raise WorkloadError(
-                f"specsel: {where}: 'max_tokens' must be a positive integer, got {max_tokens!r}"
-            )
-        if rid in seen:
-            raise WorkloadError(f"specsel: {where}: duplicate request_id {rid!r} (first at line {seen[rid]})")
-        seen[rid] = number
-        prompts.append(Prompt(rid, prompt, max_tokens))
+        seen[prompt.request_id] = number
+        prompts.append(prompt)
     if not prompts:
         raise WorkloadError(f"specsel: workload {name!r}: {path} holds no prompts")
     if num_prompts is not None:

@@ -419,3 +419,18 @@ class TestRealInspect:
         assert result.status.value == "asset_missing"
         assert "'org/absent' is not a local folder nor cached in cachedir" in result.detail
         assert "pytest_specsel.backends.bundled" in result.detail
+
+
+def test_group_members_asks_psutil_for_the_processes(monkeypatch):
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    try:
+        from pytest_specsel.backends import vllm
+
+        assert vllm.group_members(proc.pid) == [proc.pid]
+        import psutil
+
+        monkeypatch.setattr(psutil, "process_iter", lambda *a, **k: iter(()))
+        assert vllm.group_members(proc.pid) == []
+    finally:
+        proc.kill()
+        proc.wait()

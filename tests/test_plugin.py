@@ -347,3 +347,91 @@ class TestFiles:
                 "g2_mtp: asset_missing*",
             ]
         )
+
+
+class TestHouse:
+    def test_a_family_added_to_the_family_table_runs_as_an_extra_candidate(self, project):
+        """Only the family table is touched: admission, launch config, ids, order and files follow."""
+        p = project(
+            "{'x_lookahead': FakeScript(token_s=0.004)}",
+            study=STUDY + '[specsel.candidates.x_lookahead]\nfamily = "look-ahead"\nmethod = "lookahead"\n',
+        )
+        p.makeconftest(
+            CONFTEST.format(scripts="{'x_lookahead': FakeScript(token_s=0.004)}", assets="{}")
+            + "from pytest_specsel.families import register_family\n"
+            + "from pytest_specsel.records import AssetKind, Dependency, FamilyContract\n"
+            + "register_family(FamilyContract('lookahead', AssetKind.NONE, Dependency.RETRIEVAL, "
+            + "('proposed_tokens', 'accepted_tokens')))\n"
+            + "_make = pytest_specsel_make_backend\n"
+            + "def pytest_specsel_make_backend(config, device):\n"
+            + "    bundle, world = fake_bundle(SCRIPTS, methods=('ngram', 'lookahead'))\n"
+            + "    WORLD['world'] = world\n"
+            + "    return bundle\n"
+        )
+        result = p.runpytest("--specsel-cpu", "--specsel-label", "fam", "-k", "general-c1", "-v")
+        # G1's default fake script is as fast as the baseline: it xfails as tune.
+        result.assert_outcomes(passed=2, xfailed=1, skipped=4, deselected=21)
+        result.stdout.fnmatch_lines(["*test_candidate[[]x_lookahead-general-c1[]] PASSED*"])
+        events = (p.path / "events.txt").read_text().splitlines()
+        assert events[-3:-1] == ["start x_lookahead", "stop x_lookahead"]  # after G0-G5
+        handoff = _handoff(p, "fam")
+        extra = handoff["candidates"]["x_lookahead"]
+        assert extra["family"] == "lookahead" and extra["run_status"] == "completed"
+        assert extra["speculative_config"] == {"fake_method": "lookahead", "k": 5, "proposer": None}
+        assert extra["scenarios"]["general-c1"]["decision"]["verdict"] == "accept"
+        manifest = _manifest(p, "fam")
+        assert (
+            manifest["groups"][-1]["group"] == "x_lookahead" and not manifest["groups"][-1]["fixed_identity"]
+        )
+
+    def test_the_session_plugin_carries_the_session_hooks(self, pytester):
+        config = pytester.parseconfigure()
+        plugin = config.pluginmanager.get_plugin("specsel-session")
+        hooks = {caller.name for caller in config.pluginmanager.get_hookcallers(plugin)}
+        assert {"pytest_collection_finish", "pytest_sessionfinish", "pytest_terminal_summary"} <= hooks
+
+    def test_manifest_extensions_see_the_manifest_they_extend(self, project):
+        p = project("{'g1_ngram': FakeScript(token_s=0.005)}")
+        p.makeconftest(
+            CONFTEST.format(scripts="{}", assets="{}")
+            + "def pytest_specsel_manifest_extensions(config, manifest):\n"
+            + "    return {'seen': [manifest['run_label'], len(manifest['groups'])]}\n"
+        )
+        p.runpytest("--specsel-cpu", "--specsel-label", "ext", "-k", "g0 and general-c1")
+        assert _manifest(p, "ext")["extensions"] == {"seen": ["ext", 6]}
+
+    def test_a_launch_failure_shows_the_log_tail_once(self, project):
+        p = project()
+        # A launcher that fails as the real one does: its message already carries the tail.
+        p.makeconftest(
+            CONFTEST.format(scripts="{}", assets="{}")
+            + "import dataclasses\n"
+            + "from pytest_specsel.backends.protocol import LaunchError\n"
+            + "class Failing:\n"
+            + "    def start(self, spec):\n"
+            + "        raise LaunchError('specsel: vllm serve exited; log x:\\nTAIL-LINE', None, 'TAIL-LINE')\n"
+            + "def pytest_specsel_make_backend(config, device):\n"
+            + "    bundle, world = fake_bundle(SCRIPTS)\n"
+            + "    return dataclasses.replace(bundle, launcher=Failing())\n"
+        )
+        result = p.runpytest("--specsel-cpu", "--specsel-label", "tail", "-k", "g0 and general-c1")
+        result.assert_outcomes(failed=1, deselected=23)
+        assert result.stdout.str().count("TAIL-LINE") == 1
+
+    def test_a_workload_that_is_not_utf8_is_a_usage_error_naming_file_and_byte(self, project):
+        p = project()
+        (p.path / "general.jsonl").write_bytes(b'{"request_id": "a", "prompt": "caf\xe9"}\n')
+        result = p.runpytest("--specsel-cpu", "--specsel-label", "u8")
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines(["ERROR: specsel: */general.jsonl: not UTF-8 at byte 34*"])
+        assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+    def test_a_bad_study_file_is_a_clean_usage_error(self, project):
+        p = project(study=STUDY.replace("warmup = 0", "warmup = -1"))
+        result = p.runpytest("--specsel-cpu", "--specsel-label", "bad")
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines(
+            ["ERROR: specsel: */specsel.toml:11: specsel.run.warmup: -1 must be >= 0*"]
+        )
+        out = result.stdout.str() + result.stderr.str()
+        assert "Traceback" not in out and "error during collection" not in out.lower()
