@@ -123,20 +123,20 @@ class ScenarioView:
     role: Role
     track: str
     run_status: RunStatus
-    error: str | None
+    error: str | None = None
     #: relative to the run folder
-    raw_path: str | None
-    rounds: int
-    pairing: Pairing | None
-    figures: ScenarioFigures | None
-    peak_memory_mb: float | None
-    memory: MemoryReading | None
-    telemetry: SpecTelemetry | None
-    parity: ParityResult | None
-    baseline_self_check: ParityResult | None
-    baseline_self_diverges: bool | None
-    evidence: PairEvidence | None
-    decision: Decision | None
+    raw_path: str | None = None
+    rounds: int = 0
+    pairing: Pairing | None = None
+    figures: ScenarioFigures | None = None
+    peak_memory_mb: float | None = None
+    memory: MemoryReading | None = None
+    telemetry: SpecTelemetry | None = None
+    parity: ParityResult | None = None
+    baseline_self_check: ParityResult | None = None
+    baseline_self_diverges: bool | None = None
+    evidence: PairEvidence | None = None
+    decision: Decision | None = None
 
     @property
     def throughput_tokens_per_s(self) -> float | None:
@@ -203,7 +203,14 @@ def view_of(result: ScenarioResult, root: Path) -> ScenarioView:
 
 def not_run_view(state: CandidateState, scenario: Scenario, role: Role) -> ScenarioView:
     """The view of a scenario a candidate never measured: evidence and decision not_evaluated."""
-    candidate = role is Role.CANDIDATE
+    evidence, decision = None, None
+    if role is Role.CANDIDATE:
+        evidence = PairEvidence(
+            EvidenceStatus.NOT_EVALUATED,
+            missing_evidence=("completed_pair",),
+            candidate_run_status=state.run_status,
+        )
+        decision = Decision(Verdict.NOT_EVALUATED, "evidence_not_evaluated")
     return ScenarioView(
         candidate=state.name,
         scenario=scenario.key,
@@ -213,24 +220,8 @@ def not_run_view(state: CandidateState, scenario: Scenario, role: Role) -> Scena
         track=state.track,
         run_status=state.run_status,
         error=state.failure,
-        raw_path=None,
-        rounds=0,
-        pairing=None,
-        figures=None,
-        peak_memory_mb=None,
-        memory=None,
-        telemetry=None,
-        parity=None,
-        baseline_self_check=None,
-        baseline_self_diverges=None,
-        evidence=PairEvidence(
-            EvidenceStatus.NOT_EVALUATED,
-            missing_evidence=("completed_pair",),
-            candidate_run_status=state.run_status,
-        )
-        if candidate
-        else None,
-        decision=Decision(Verdict.NOT_EVALUATED, "evidence_not_evaluated") if candidate else None,
+        evidence=evidence,
+        decision=decision,
     )
 
 
