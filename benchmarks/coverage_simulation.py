@@ -1,0 +1,147 @@
+"""Coverage of the shipped intervals and stopping rule, by simulation with a known truth.
+
+    python benchmarks/coverage_simulation.py --studies 1000 --seed 1
+
+Each simulated study measures one candidate scenario against its baseline in ABBA round
+pairs, with the shipped :class:`~pytest_specsel.intervals.RoundPolicy` (looks after every
+pair from ``min_pairs`` to ``max_pairs``, stopping when every gate is decided) and the
+shipped intervals. The noise model is meant to be worse than the CPU box:
+
+* the machine's speed drifts: a linear trend (up to +-3 % per round) plus a random walk
+  (2 % steps), shared by both arms, so adjacent rounds see nearly the same machine;
+* each round's throughput has its own heavy-tailed noise (Student t, 3 degrees of
+  freedom, scale 6 %);
+* each request's latency is a fixed per-prompt cost times lognormal noise (sigma 0.25)
+  with a 10 % chance of a Pareto (alpha 2) stall, 8 requests a round; a round's p95 is
+  taken over its 8 requests as the plugin does;
+* the candidate is the baseline scaled by the true ratios (a scale family), so the true
+  p95 ratio is the true scale ratio.
+
+Reported per ratio: how often the final interval covers the truth (the target is at least
+93 % for a 95 % interval), how often each gate was decided, and the mean pairs used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import sys
+
+from pytest_specsel.intervals import GateState
+from pytest_specsel.intervals import RoundFigures
+from pytest_specsel.intervals import RoundPolicy
+from pytest_specsel.intervals import gate_state
+from pytest_specsel.intervals import paired_intervals
+from pytest_specsel.records import GateOp
+from pytest_specsel.stats import percentile
+
+GATES = {
+    "throughput_speedup": (1.10, GateOp.AT_LEAST),
+    "ttft_ratio": (1.10, GateOp.AT_MOST),
+    "e2e_p95_ratio": (1.05, GateOp.AT_MOST),
+}
+#: true (speedup, ttft ratio, e2e ratio) cases, from clear losses to clear wins and ties
+CASES = [
+    (0.75, 1.30, 1.25),
+    (0.95, 1.00, 1.05),
+    (1.10, 1.10, 1.05),
+    (1.30, 0.90, 0.80),
+    (1.00, 1.00, 1.00),
+]
+
+
+def _round(rng: random.Random, speed: float, scale: float, prompts: list[float]) -> RoundFigures:
+    tput = 20.0 * speed / scale * math.exp(0.06 * rng.gauss(0, 1) / math.sqrt(rng.gammavariate(1.5, 1 / 1.5)))
+    e2e = []
+    for cost in prompts:
+        stall = 1.0 + rng.paretovariate(2.0) if rng.random() < 0.1 else 1.0
+        e2e.append(cost * scale / speed * math.exp(rng.gauss(0, 0.25)) * stall)
+    ttft = [x * 0.05 for x in e2e]
+    return RoundFigures(tput, percentile(ttft, 95), percentile(e2e, 95))
+
+
+def study(
+    rng: random.Random, policy: RoundPolicy, truth: tuple[float, float, float]
+) -> tuple[dict[str, bool], dict[str, GateState], int]:
+    speedup, ttft_ratio, e2e_ratio = truth
+    prompts = [rng.uniform(1000, 4000) for _ in range(8)]
+    trend, walk, t = rng.uniform(-0.03, 0.03), 0.0, 0
+    base: list[RoundFigures] = []
+    cand: list[RoundFigures] = []
+    pairs = 0
+    intervals = None
+    while True:
+        # ABBA: even pairs measure B then C, odd pairs C then B.
+        order = ("b", "c") if pairs % 2 == 0 else ("c", "b")
+        for arm in order:
+            walk += rng.gauss(0, 0.02)
+            speed = math.exp(trend * t + walk)
+            t += 1
+            if arm == "b":
+                base.append(_round(rng, speed, 1.0, prompts))
+            else:
+                r = _round(rng, speed * speedup, 1.0, prompts)
+                # The candidate's latencies scale by their own true ratios.
+                cand.append(RoundFigures(r.throughput_tokens_per_s, (r.ttft_p95_ms or 0) * speedup * ttft_ratio,
+                                         (r.e2e_p95_ms or 0) * speedup * e2e_ratio))  # fmt: skip
+        pairs += 1
+        intervals = paired_intervals(cand, base, policy.look_level)
+        states = {
+            name: gate_state(getattr(intervals, name), *GATES[name])
+            if getattr(intervals, name)
+            else GateState.UNDECIDED
+            for name in GATES
+        }
+        if not policy.more_pairs(pairs, list(states.values()), 0.0):
+            break
+    truths = {"throughput_speedup": speedup, "ttft_ratio": ttft_ratio, "e2e_p95_ratio": e2e_ratio}
+    covered = {n: bool(getattr(intervals, n) and getattr(intervals, n).contains(truths[n])) for n in GATES}
+    return covered, states, pairs
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--studies", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--min-pairs", type=int, default=RoundPolicy().min_pairs)
+    parser.add_argument("--max-pairs", type=int, default=RoundPolicy().max_pairs)
+    parser.add_argument("--fixed", action="store_true", help="no adaptive stopping: exactly min pairs")
+    parser.add_argument("--all-gates", action="store_true", help="stop only when every gate is decided")
+    args = parser.parse_args()
+    policy = RoundPolicy(
+        min_pairs=args.min_pairs,
+        max_pairs=args.max_pairs,
+        adaptive=not args.fixed,
+        until_all_gates=args.all_gates,
+    )
+    rng = random.Random(args.seed)
+    cover = dict.fromkeys(GATES, 0)
+    decided = dict.fromkeys(GATES, 0)
+    wrong = dict.fromkeys(GATES, 0)
+    pairs_used = 0
+    by_case: dict[tuple[float, float, float], list[int]] = {c: [0, 0] for c in CASES}
+    for i in range(args.studies):
+        truth = CASES[i % len(CASES)]
+        covered, states, pairs = study(rng, policy, truth)
+        pairs_used += pairs
+        by_case[truth][0] += states["throughput_speedup"] is not GateState.UNDECIDED
+        by_case[truth][1] += 1
+        for name, (threshold, op) in GATES.items():
+            cover[name] += covered[name]
+            if states[name] is not GateState.UNDECIDED:
+                decided[name] += 1
+                truly = op.holds(dict(zip(GATES, truth))[name], threshold)
+                wrong[name] += (states[name] is GateState.PASSED) != truly
+    n = args.studies
+    print(f"{n} studies, policy {policy}, mean pairs {pairs_used / n:.2f}")
+    for name in GATES:
+        print(f"  {name:20s} coverage {cover[name] / n:.3f}  decided {decided[name] / n:.3f}  "
+              f"wrong decisions {wrong[name]}")  # fmt: skip
+    for case, (d, total) in by_case.items():
+        print(f"  truth {case}: throughput gate decided in {d}/{total}")
+    return 0 if all(cover[name] / n >= 0.93 for name in GATES) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

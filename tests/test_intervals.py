@@ -1,0 +1,115 @@
+"""Intervals on paired rounds, gates on intervals, the stopping rule (pure, no server)."""
+
+import math
+import random
+
+import pytest
+
+from pytest_specsel.intervals import GateState
+from pytest_specsel.intervals import Interval
+from pytest_specsel.intervals import RoundFigures
+from pytest_specsel.intervals import RoundPolicy
+from pytest_specsel.intervals import adjusted_level
+from pytest_specsel.intervals import gate_state
+from pytest_specsel.intervals import paired_intervals
+from pytest_specsel.intervals import paired_log_ratio_interval
+from pytest_specsel.intervals import pairs_to_decide
+from pytest_specsel.intervals import t_quantile
+from pytest_specsel.records import GateOp
+
+
+@pytest.mark.parametrize(
+    "p,df,expected",
+    [
+        (0.975, 1, 12.706205),
+        (0.975, 2, 4.302653),
+        (0.975, 5, 2.570582),
+        (0.995, 3, 5.840909),
+        (0.95, 30, 1.697261),
+    ],
+)
+def test_t_quantiles_match_the_tables(p, df, expected):
+    assert t_quantile(p, df) == pytest.approx(expected, abs=2e-6)
+    assert t_quantile(1 - p, df) == pytest.approx(-expected, abs=2e-6)
+
+
+def test_the_interval_is_the_geometric_mean_with_a_t_interval_on_log_ratios():
+    base = [10.0, 20.0, 40.0]
+    cand = [12.0, 22.0, 48.0]
+    interval = paired_log_ratio_interval(cand, base, 0.95)
+    logs = [math.log(1.2), math.log(1.1), math.log(1.2)]
+    mean = sum(logs) / 3
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / 2)
+    half = 4.302653 * sd / math.sqrt(3)
+    assert interval.estimate == pytest.approx(math.exp(mean))
+    assert (interval.low, interval.high) == pytest.approx(
+        (math.exp(mean - half), math.exp(mean + half)), rel=1e-6
+    )
+    assert interval.pairs == 3 and interval.describe().startswith("1.17x [")
+
+
+def test_a_missing_figure_drops_its_pair_and_one_pair_gives_no_interval():
+    assert paired_log_ratio_interval([1.0, None], [1.0, 2.0], 0.95) is None
+    assert paired_log_ratio_interval([1.0, 2.0, None], [1.0, 2.0, 3.0], 0.95).pairs == 2
+
+
+def test_a_gate_passes_or_fails_only_when_the_whole_interval_is_on_one_side():
+    def iv(low, high):
+        return Interval(math.sqrt(low * high), low, high, 0.95, 3, 0.1)
+
+    assert gate_state(iv(1.12, 1.30), 1.10, GateOp.AT_LEAST) is GateState.PASSED
+    assert gate_state(iv(0.70, 1.05), 1.10, GateOp.AT_LEAST) is GateState.FAILED
+    assert gate_state(iv(1.00, 1.20), 1.10, GateOp.AT_LEAST) is GateState.UNDECIDED
+    assert gate_state(iv(0.80, 1.00), 1.05, GateOp.AT_MOST) is GateState.PASSED
+    assert gate_state(iv(1.06, 1.20), 1.05, GateOp.AT_MOST) is GateState.FAILED
+
+
+def test_more_pairs_would_decide_an_open_gate_and_a_tie_never():
+    interval = Interval(1.20, 1.02, 1.41, 0.95, 3, 0.08)
+    needed = pairs_to_decide(interval, 1.10)
+    assert needed is not None and needed > 3
+    assert t_quantile(0.975, needed - 1) * 0.08 / math.sqrt(needed) < math.log(1.2 / 1.1)
+    assert pairs_to_decide(Interval(1.10, 1.0, 1.2, 0.95, 3, 0.08), 1.10) is None
+
+
+def test_looks_split_the_error_rate():
+    assert adjusted_level(0.95, 4) == pytest.approx(0.9875)
+    policy = RoundPolicy(min_pairs=3, max_pairs=6)
+    assert policy.looks == 4 and policy.look_level == pytest.approx(0.9875)
+    assert RoundPolicy(adaptive=False).look_level == pytest.approx(0.95)
+
+
+class TestStopping:
+    policy = RoundPolicy(min_pairs=3, max_pairs=6)
+
+    def test_min_pairs_come_first(self):
+        assert self.policy.more_pairs(2, [GateState.FAILED], 0.0)
+
+    def test_a_failed_gate_decides_the_verdict(self):
+        assert not self.policy.more_pairs(3, [GateState.FAILED, GateState.UNDECIDED], 0.0)
+        assert RoundPolicy(until_all_gates=True).more_pairs(3, [GateState.FAILED, GateState.UNDECIDED], 0.0)
+
+    def test_open_gates_add_pairs_up_to_the_most_and_the_budget(self):
+        open_states = [GateState.PASSED, GateState.UNDECIDED]
+        assert self.policy.more_pairs(5, open_states, 0.0)
+        assert not self.policy.more_pairs(6, open_states, 0.0)
+        budget = RoundPolicy(min_pairs=3, max_pairs=6, budget_s=100.0)
+        assert budget.more_pairs(3, open_states, 60.0)  # 60 s + 20 s for the next pair
+        assert not budget.more_pairs(3, open_states, 80.0)  # the next pair would end past 100 s
+
+    def test_every_gate_passed_stops(self):
+        assert not self.policy.more_pairs(3, [GateState.PASSED] * 3, 0.0)
+
+
+def test_paired_intervals_cover_the_truth_in_a_small_simulation():
+    """A fixed-seed check of calibration; benchmarks/coverage_simulation.py is the full one."""
+    rng = random.Random(7)
+    covered, studies = 0, 300
+    for _ in range(studies):
+        base = [RoundFigures(20.0 * math.exp(rng.gauss(0, 0.1)), 50.0, 900.0) for _ in range(4)]
+        cand = [
+            RoundFigures(b.throughput_tokens_per_s * 0.8 * math.exp(rng.gauss(0, 0.1)), 50.0, 900.0)
+            for b in base
+        ]
+        covered += paired_intervals(cand, base, 0.95).throughput_speedup.contains(0.8)
+    assert 0.92 <= covered / studies <= 0.98
