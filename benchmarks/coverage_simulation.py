@@ -83,8 +83,10 @@ def study(
             else:
                 r = _round(rng, speed * speedup, 1.0, prompts)
                 # The candidate's latencies scale by their own true ratios.
-                cand.append(RoundFigures(r.throughput_tokens_per_s, (r.ttft_p95_ms or 0) * speedup * ttft_ratio,
-                                         (r.e2e_p95_ms or 0) * speedup * e2e_ratio))  # fmt: skip
+                ttft = (r.ttft_p95_ms or 0) * speedup * ttft_ratio
+                cand.append(
+                    RoundFigures(r.throughput_tokens_per_s, ttft, (r.e2e_p95_ms or 0) * speedup * e2e_ratio)
+                )
         pairs += 1
         intervals = paired_intervals(cand, base, policy.look_level)
         states = {
@@ -131,7 +133,7 @@ def main() -> int:
             cover[name] += covered[name]
             if states[name] is not GateState.UNDECIDED:
                 decided[name] += 1
-                truly = op.holds(dict(zip(GATES, truth))[name], threshold)
+                truly = op.holds(dict(zip(GATES, truth, strict=True))[name], threshold)
                 wrong[name] += (states[name] is GateState.PASSED) != truly
     n = args.studies
     print(f"{n} studies, policy {policy}, mean pairs {pairs_used / n:.2f}")
