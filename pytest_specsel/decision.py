@@ -11,10 +11,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_specsel.evidence import evidence_from_mapping
+from pytest_specsel.intervals import gate_state
+from pytest_specsel.intervals import pairs_to_decide
 from pytest_specsel.records import Decision
 from pytest_specsel.records import EvidenceStatus
 from pytest_specsel.records import GateCheck
 from pytest_specsel.records import GateOp
+from pytest_specsel.records import GateState
+from pytest_specsel.records import Interval
 from pytest_specsel.records import PairEvidence
 from pytest_specsel.records import Thresholds
 from pytest_specsel.records import Verdict
@@ -22,26 +26,57 @@ from pytest_specsel.records import Verdict
 __all__ = ["decide", "decide_speculative_candidate", "gate_checks", "thresholds_from_mapping"]
 
 
+def _check(name: str, value: float, limit: float, op: GateOp, interval: Interval | None) -> GateCheck:
+    """A gate on its interval when there is one (whole interval on one side, else
+    undecided), else on its point figure."""
+    if interval is None:
+        passed = op.holds(value, limit)
+        return GateCheck(name, value, limit, op, passed, GateState.PASSED if passed else GateState.FAILED)
+    state = gate_state(interval, limit, op)
+    needed = pairs_to_decide(interval, limit) if state is GateState.UNDECIDED else None
+    return GateCheck(name, value, limit, op, state is GateState.PASSED, state, interval, needed)
+
+
 def gate_checks(evidence: PairEvidence, thresholds: Thresholds) -> tuple[GateCheck, ...]:
-    """Evaluate every performance gate of comparable evidence."""
+    """Evaluate every performance gate of comparable evidence (peak memory is a peak: no
+    interval)."""
     assert evidence.throughput_speedup is not None and evidence.ttft_ratio is not None
     assert evidence.e2e_p95_ratio is not None and evidence.candidate_peak_memory_mb is not None
-    rows = (
-        (
+    return (
+        _check(
             "throughput_speedup",
             evidence.throughput_speedup,
             thresholds.min_throughput_speedup,
             GateOp.AT_LEAST,
+            evidence.throughput_speedup_interval,
         ),
-        ("ttft_ratio", evidence.ttft_ratio, thresholds.max_ttft_regression_ratio, GateOp.AT_MOST),
-        ("e2e_p95_ratio", evidence.e2e_p95_ratio, thresholds.max_e2e_p95_regression_ratio, GateOp.AT_MOST),
-        ("peak_memory_mb", evidence.candidate_peak_memory_mb, thresholds.max_peak_memory_mb, GateOp.AT_MOST),
+        _check(
+            "ttft_ratio",
+            evidence.ttft_ratio,
+            thresholds.max_ttft_regression_ratio,
+            GateOp.AT_MOST,
+            evidence.ttft_ratio_interval,
+        ),
+        _check(
+            "e2e_p95_ratio",
+            evidence.e2e_p95_ratio,
+            thresholds.max_e2e_p95_regression_ratio,
+            GateOp.AT_MOST,
+            evidence.e2e_p95_ratio_interval,
+        ),
+        _check(
+            "peak_memory_mb",
+            evidence.candidate_peak_memory_mb,
+            thresholds.max_peak_memory_mb,
+            GateOp.AT_MOST,
+            None,
+        ),
     )
-    return tuple(GateCheck(name, value, limit, op, op.holds(value, limit)) for name, value, limit, op in rows)
 
 
 def decide(evidence: PairEvidence, thresholds: Thresholds) -> Decision:
-    """not_evaluated / tune (incomplete, or a gate missed) / reject (quality) / accept."""
+    """not_evaluated / tune (incomplete, a gate failed, or a gate undecided) / reject
+    (quality) / accept (every gate passed, with confidence where there are intervals)."""
     if evidence.status in (EvidenceStatus.NOT_EVALUATED, EvidenceStatus.INCOMPARABLE):
         return Decision(Verdict.NOT_EVALUATED, f"evidence_{evidence.status.value}")
     if evidence.status is EvidenceStatus.INCOMPLETE:
@@ -52,9 +87,11 @@ def decide(evidence: PairEvidence, thresholds: Thresholds) -> Decision:
     if evidence.quality_ok is not True:
         return Decision(Verdict.REJECT, "quality_gate_failed")
     gates = gate_checks(evidence, thresholds)
-    if all(g.passed for g in gates):
+    if all(g.state is GateState.PASSED for g in gates):
         return Decision(Verdict.ACCEPT, "quality_and_net_benefit_passed", gates)
-    return Decision(Verdict.TUNE, "one_or_more_performance_gates_failed", gates)
+    if any(g.state is GateState.FAILED for g in gates):
+        return Decision(Verdict.TUNE, "one_or_more_performance_gates_failed", gates)
+    return Decision(Verdict.TUNE, "collect_more_rounds", gates)
 
 
 def thresholds_from_mapping(data: Mapping[str, Any]) -> Thresholds:

@@ -91,6 +91,7 @@ def raw_document(
         "scenario": view.to_json(),
         "summary": to_json(result.summary),
         "rounds": [r.to_json() for r in result.rounds],
+        "baseline_rounds": [r.to_json() for r in result.baseline_rounds],
     }
 
 
@@ -105,6 +106,8 @@ def group_document(header: RunHeader, state: CandidateState, views: Sequence[Sce
         "admission": to_json(state.admission),
         "assets": to_json(state.assets) if state.assets else None,
         "speculative_config": dict(state.launch_config) if state.launch_config else None,
+        "pairing": state.pairing.value if state.pairing else None,
+        "pairing_reason": state.pairing_reason,
         "run_status": state.run_status.value,
         "failure": state.failure,
         "backend_log": relative(state.log_path, header.root),

@@ -14,10 +14,13 @@ from pytest_specsel.backends.protocol import Capability
 from pytest_specsel.families import family_contract
 from pytest_specsel.records import AdmissionFacts
 from pytest_specsel.records import AssetKind
+from pytest_specsel.records import Device
+from pytest_specsel.records import Pairing
 from pytest_specsel.records import SpeculativeConfig
 from pytest_specsel.study import Candidate
+from pytest_specsel.study import Study
 
-__all__ = ["admission_facts", "backend_gate", "speculative_config", "version_at_least"]
+__all__ = ["admission_facts", "backend_gate", "co_residence", "speculative_config", "version_at_least"]
 
 
 def version_at_least(version: str | None, minimum: str) -> bool:
@@ -85,4 +88,26 @@ def speculative_config(candidate: Candidate, assets: AssetFacts) -> SpeculativeC
         num_speculative_tokens=candidate.num_speculative_tokens,
         proposer_path=assets.asset_path if paired else None,
         options=dict(candidate.options),
+    )
+
+
+def co_residence(
+    baseline_gb: float | None, candidate_gb: float | None, capability: Capability, study: Study
+) -> tuple[Pairing, str]:
+    """Whether a candidate's server can run beside its baseline's (both estimates counted
+    against the device's memory), so that their rounds interleave; else sequential."""
+    if capability.device_memory_mb is None or baseline_gb is None or candidate_gb is None:
+        return Pairing.SEQUENTIAL, "the memory of the two servers together is not known"
+    share = study.backend.gpu_memory_utilization if capability.device is Device.CUDA else 1.0
+    device_gb = capability.device_memory_mb * share / 1024
+    both = baseline_gb + candidate_gb
+    if both <= device_gb:
+        return (
+            Pairing.INTERLEAVED,
+            f"both servers fit: {baseline_gb:.2f} + {candidate_gb:.2f} GB <= {device_gb:.2f} GB",
+        )
+    return Pairing.SEQUENTIAL, (
+        f"the two servers do not fit together ({baseline_gb:.2f} + {candidate_gb:.2f} GB > "
+        f"{device_gb:.2f} GB): the baseline's rounds run before the candidate's, so drift between "
+        "them is not controlled"
     )

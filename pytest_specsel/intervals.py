@@ -32,11 +32,12 @@ tabulated values.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 from collections.abc import Sequence
 
 from pytest_specsel.records import GateOp
+from pytest_specsel.records import GateState
+from pytest_specsel.records import Interval
 
 __all__ = [
     "GateState",
@@ -47,37 +48,6 @@ __all__ = [
     "pairs_to_decide",
     "t_quantile",
 ]
-
-METHOD = "t_interval_on_paired_log_ratios"
-
-
-class GateState(enum.StrEnum):
-    """Where a gate's interval lies against its threshold."""
-
-    PASSED = "passed"
-    FAILED = "failed"
-    UNDECIDED = "undecided"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Interval:
-    """A ratio's estimate and confidence interval over ``pairs`` round pairs."""
-
-    estimate: float
-    low: float
-    high: float
-    #: the confidence level this interval was computed at (after any adjustment for looks)
-    level: float
-    pairs: int
-    #: standard deviation of the per-pair log ratios (the noise the interval reflects)
-    log_sd: float
-    method: str = METHOD
-
-    def contains(self, value: float) -> bool:
-        return self.low <= value <= self.high
-
-    def describe(self) -> str:
-        return f"{self.estimate:.2f}x [{self.low:.2f}, {self.high:.2f}]"
 
 
 def _betacf(a: float, b: float, x: float) -> float:

@@ -18,8 +18,11 @@ from pytest_specsel.records import to_json
 
 __all__ = [
     "MemoryReading",
+    "NoiseFloor",
     "RequestRecord",
     "Round",
+    "noise_floor",
+    "pool_rounds",
     "ScenarioFigures",
     "SpecCounters",
     "SpecTelemetry",
@@ -232,3 +235,79 @@ class Round:
         data = to_json(self)
         data["requests"] = [request_to_json(r) for r in self.requests]
         return data
+
+
+def _pooled_telemetry(rounds: Sequence[Round]) -> SpecTelemetry | None:
+    telemetry = [r.telemetry for r in rounds if r.telemetry is not None]
+    if not telemetry:
+        return None
+    if any(t.source is not TelemetrySource.COUNTER_DELTA for t in telemetry):
+        # One window without counters makes the whole scenario's telemetry not shown.
+        return next(t for t in telemetry if t.source is not TelemetrySource.COUNTER_DELTA)
+    positions = max(len(t.accepted_per_position or ()) for t in telemetry)
+    total = SpecCounters(
+        sum(t.drafts or 0.0 for t in telemetry),
+        sum(t.draft_tokens or 0.0 for t in telemetry),
+        sum(t.accepted_tokens or 0.0 for t in telemetry),
+        tuple(
+            sum(
+                (t.accepted_per_position or ())[i] if i < len(t.accepted_per_position or ()) else 0.0
+                for t in telemetry
+            )
+            for i in range(positions)
+        ),
+    )
+    return telemetry_from_counters(SpecCounters(0.0, 0.0, 0.0, ()), total, telemetry[0].origin or "")
+
+
+def pool_rounds(
+    rounds: Sequence[Round],
+) -> tuple[ScenarioFigures | None, SpecTelemetry | None, MemoryReading | None]:
+    """A scenario's figures over all its rounds (requests pooled, throughput over the
+    summed measured time), its telemetry (counter deltas summed over the windows) and its
+    peak memory (the highest round's)."""
+    requests = [r for rnd in rounds for r in rnd.requests]
+    duration = sum(r.duration_s for r in rounds)
+    figures = scenario_figures(requests, duration) if requests and duration else None
+    memories = [r.memory for r in rounds if r.memory is not None and r.memory.peak_mb is not None]
+    memory = max(memories, key=lambda m: m.peak_mb or 0.0) if memories else None
+    if memory is not None:
+        memory = dataclasses.replace(memory, samples=sum(m.samples for m in memories))
+    return figures, _pooled_telemetry(rounds), memory
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NoiseFloor:
+    """How much the baseline moved against itself across its rounds (an A/A spread): a
+    candidate's ratio inside this spread is not told apart from noise by its point value."""
+
+    rounds: int
+    #: coefficient of variation of the rounds' throughputs
+    throughput_cv: float | None
+    throughput_max_over_min: float | None
+    ttft_p95_max_over_min: float | None
+    e2e_p95_max_over_min: float | None
+
+
+def noise_floor(rounds: Sequence[Round]) -> NoiseFloor | None:
+    """The A/A spread of a side's rounds; None below two rounds with figures."""
+    figures = [r.figures for r in rounds if r.figures is not None]
+    if len(figures) < 2:
+        return None
+
+    def spread(values: list[float | None]) -> float | None:
+        known = [v for v in values if v]
+        return max(known) / min(known) if len(known) >= 2 else None
+
+    tput = [f.throughput_tokens_per_s for f in figures if f.throughput_tokens_per_s]
+    mean = sum(tput) / len(tput) if tput else None
+    cv = None
+    if mean and len(tput) >= 2:
+        cv = (sum((x - mean) ** 2 for x in tput) / (len(tput) - 1)) ** 0.5 / mean
+    return NoiseFloor(
+        len(figures),
+        cv,
+        spread(list(tput)),
+        spread([f.ttft_p95_ms for f in figures]),
+        spread([f.e2e_p95_ms for f in figures]),
+    )

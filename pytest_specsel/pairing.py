@@ -1,7 +1,10 @@
-"""Pairing, as a pure step: one scenario's measured sides -> summaries -> evidence -> decision.
+"""Pairing, as a pure step: one scenario's measured sides -> summaries -> parity,
+intervals, evidence -> decision.
 
 No server and no clock: everything here takes records and returns records, so a test can
-pair hand-built results. The runner calls it once per candidate scenario.
+pair hand-built results. The runner calls it once per candidate scenario, with the
+baseline rounds the candidate's rounds were paired with (measured beside them when the
+pairing is interleaved).
 """
 
 from __future__ import annotations
@@ -11,11 +14,17 @@ from collections.abc import Sequence
 
 from pytest_specsel.decision import decide
 from pytest_specsel.evidence import build_pair_evidence
+from pytest_specsel.intervals import RoundFigures
+from pytest_specsel.intervals import paired_intervals
 from pytest_specsel.measurement import RequestRecord
 from pytest_specsel.measurement import Round
+from pytest_specsel.measurement import noise_floor
+from pytest_specsel.measurement import pool_rounds
 from pytest_specsel.parity import ParityResult
 from pytest_specsel.parity import compare_outputs
+from pytest_specsel.records import EvidenceStatus
 from pytest_specsel.records import ExecutionPath
+from pytest_specsel.records import PairEvidence
 from pytest_specsel.records import Pairing
 from pytest_specsel.records import Role
 from pytest_specsel.records import RunStatus
@@ -23,31 +32,29 @@ from pytest_specsel.records import RunSummary
 from pytest_specsel.records import Thresholds
 from pytest_specsel.results import ScenarioResult
 
-__all__ = ["pair", "request_parity", "run_summary"]
+__all__ = ["pair", "request_parity", "round_figures", "rounds_parity", "run_summary", "self_check"]
 
 
 def run_summary(
     role: Role,
     status: RunStatus,
-    measured: Round | None,
+    rounds: Sequence[Round],
     *,
     target_snapshot: str | None,
     workload_key: str,
     sampling_key: str,
 ) -> RunSummary:
-    """One side of a pair, from its measured round.
+    """One side of a pair, from its rounds pooled.
 
     The server itself must show its execution path: a baseline exports no spec-decode
     counters and a speculative server does (a silent fallback would export none).
     """
-    figures = measured.figures if measured else None
-    telemetry = measured.telemetry if measured else None
+    figures, telemetry, memory = pool_rounds(rounds)
     exported = telemetry is not None and telemetry.exported
     if role is Role.BASELINE:
         path = ExecutionPath.TARGET_ONLY if telemetry is not None and not exported else None
     else:
         path = ExecutionPath.SPECULATIVE if exported else None
-    memory = measured.memory if measured else None
     return RunSummary(
         run_status=status,
         role=role,
@@ -80,36 +87,88 @@ def request_parity(reference: Sequence[RequestRecord], actual: Sequence[RequestR
     )
 
 
+def rounds_parity(reference: Sequence[Round], actual: Sequence[Round]) -> ParityResult | None:
+    """Each actual round against the reference round of its pair (the first when the
+    reference has fewer); the first failing comparison, else the first one."""
+    if not reference or not actual:
+        return None
+    results = [
+        request_parity(reference[min(i, len(reference) - 1)].requests, r.requests)
+        for i, r in enumerate(actual)
+    ]
+    return next((p for p in results if not p.quality_ok), results[0])
+
+
+def self_check(rounds: Sequence[Round]) -> ParityResult | None:
+    """A side's later rounds against its first: does it reproduce itself?"""
+    ok = [r for r in rounds if r.error is None]
+    return rounds_parity(ok[:1], ok[1:]) if len(ok) >= 2 else None
+
+
+def round_figures(r: Round) -> RoundFigures:
+    f = r.figures
+    return RoundFigures(
+        f.throughput_tokens_per_s if f else None, f.ttft_p95_ms if f else None, f.e2e_p95_ms if f else None
+    )
+
+
+def _with_intervals(
+    evidence: PairEvidence, baseline: Sequence[Round], candidate: Sequence[Round], level: float
+) -> PairEvidence:
+    """Comparable evidence gets its ratio intervals; the point ratios become their estimates."""
+    if evidence.status is not EvidenceStatus.COMPARABLE:
+        return evidence
+    found = paired_intervals(
+        [round_figures(r) for r in candidate], [round_figures(r) for r in baseline], level
+    )
+    if not (found.throughput_speedup and found.ttft_ratio and found.e2e_p95_ratio):
+        return evidence  # fewer than two pairs: point ratios of the pooled figures
+    return dataclasses.replace(
+        evidence,
+        throughput_speedup=found.throughput_speedup.estimate,
+        ttft_ratio=found.ttft_ratio.estimate,
+        e2e_p95_ratio=found.e2e_p95_ratio.estimate,
+        throughput_speedup_interval=found.throughput_speedup,
+        ttft_ratio_interval=found.ttft_ratio,
+        e2e_p95_ratio_interval=found.e2e_p95_ratio,
+    )
+
+
 def pair(
     baseline: ScenarioResult | None,
     candidate: ScenarioResult,
     gates: Thresholds,
     *,
     require_parity: bool,
+    level: float = 0.95,
     pairing: Pairing = Pairing.SEQUENTIAL,
 ) -> ScenarioResult:
-    """The candidate's result with parity, evidence and decision against its baseline."""
+    """The candidate's result with parity, intervals, evidence and decision against the
+    baseline rounds it was paired with (``baseline.rounds``, pair i beside candidate round i)."""
+    base_rounds = baseline.rounds if baseline else ()
     parity = None
     summary = candidate.summary
-    measured, reference = candidate.measured, baseline.measured if baseline else None
-    if (
-        require_parity
-        and reference is not None
-        and measured is not None
-        and candidate.run_status is RunStatus.COMPLETED
-    ):
-        parity = request_parity(reference.requests, measured.requests)
-        summary = dataclasses.replace(summary, quality_ok=parity.quality_ok)
+    if require_parity and candidate.run_status is RunStatus.COMPLETED:
+        parity = rounds_parity(base_rounds, candidate.rounds)
+        if parity is not None:
+            summary = dataclasses.replace(summary, quality_ok=parity.quality_ok)
     evidence = build_pair_evidence(baseline.summary if baseline else RunSummary(None, Role.BASELINE), summary)
+    evidence = dataclasses.replace(
+        _with_intervals(evidence, base_rounds, candidate.rounds, level), pairing=pairing
+    )
+    base_check = self_check(base_rounds)
     self_diverges = None
-    if parity is not None and parity.first_divergence and baseline and baseline.self_check:
-        self_diverges = parity.first_divergence.request_id in baseline.self_check.differing_request_ids
+    if parity is not None and parity.first_divergence and base_check is not None:
+        self_diverges = parity.first_divergence.request_id in base_check.differing_request_ids
     return dataclasses.replace(
         candidate,
         summary=summary,
         parity=parity,
+        self_check=base_check,
         evidence=evidence,
         decision=decide(evidence, gates),
         pairing=pairing,
         baseline_self_diverges=self_diverges,
+        baseline_rounds=tuple(base_rounds),
+        noise_floor=noise_floor(base_rounds),
     )

@@ -25,6 +25,8 @@ __all__ = [
     "FamilyContract",
     "GateCheck",
     "GateOp",
+    "GateState",
+    "Interval",
     "PairCheck",
     "PairEvidence",
     "Pairing",
@@ -102,6 +104,14 @@ class GateOp(enum.StrEnum):
 
     def holds(self, value: float, threshold: float) -> bool:
         return value >= threshold if self is GateOp.AT_LEAST else value <= threshold
+
+
+class GateState(enum.StrEnum):
+    """Where a gate's figure (or its whole interval) lies against its threshold."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    UNDECIDED = "undecided"
 
 
 class Device(enum.StrEnum):
@@ -282,8 +292,31 @@ class RunSummary:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Interval:
+    """A ratio's estimate and confidence interval over ``pairs`` round pairs
+    (``intervals.py`` computes it)."""
+
+    estimate: float
+    low: float
+    high: float
+    #: the confidence level this interval was computed at (after any adjustment for looks)
+    level: float
+    pairs: int
+    #: standard deviation of the per-pair log ratios (the noise the interval reflects)
+    log_sd: float
+    method: str = "t_interval_on_paired_log_ratios"
+
+    def contains(self, value: float) -> bool:
+        return self.low <= value <= self.high
+
+    def describe(self) -> str:
+        return f"{self.estimate:.2f}x [{self.low:.2f}, {self.high:.2f}]"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class PairEvidence:
-    """Baseline vs candidate evidence for one scenario."""
+    """Baseline vs candidate evidence for one scenario; the intervals are set when the
+    pair was measured in rounds (the point ratios are then their estimates)."""
 
     status: EvidenceStatus
     mismatches: tuple[str, ...] = ()
@@ -295,6 +328,12 @@ class PairEvidence:
     candidate_peak_memory_mb: float | None = None
     quality_ok: bool | None = None
     mechanism_active: bool | None = None
+    throughput_speedup_interval: Interval | None = None
+    ttft_ratio_interval: Interval | None = None
+    e2e_p95_ratio_interval: Interval | None = None
+    pairing: Pairing | None = None
+    #: data-quality flags of the windows behind this evidence (see README)
+    flags: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -309,16 +348,28 @@ class Thresholds:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class GateCheck:
-    """One performance gate: the figure, its threshold and whether it passed."""
+    """One performance gate: the figure (and its interval), its threshold, its state."""
 
     name: str
     value: float
     threshold: float
     op: GateOp
     passed: bool
+    state: GateState = GateState.UNDECIDED
+    interval: Interval | None = None
+    #: about how many round pairs in all would decide an undecided gate (None: unknown)
+    pairs_needed: int | None = None
 
     def describe(self) -> str:
-        return f"{self.name} {self.value:.3f} (needs {self.op.value} {self.threshold:g})"
+        figure = self.interval.describe() if self.interval else f"{self.value:.3f}"
+        text = f"{self.name} {figure} (needs {self.op.value} {self.threshold:g})"
+        if self.interval is None:
+            return text
+        text += f": {self.state.value}"
+        if self.state is GateState.UNDECIDED:
+            text += f" at {self.interval.pairs} pairs"
+            text += f", about {self.pairs_needed} pairs would decide it" if self.pairs_needed else ", a tie"
+        return text
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -329,4 +380,9 @@ class Decision:
 
     @property
     def missed_gates(self) -> tuple[GateCheck, ...]:
-        return tuple(g for g in self.gates if not g.passed)
+        """Gates that failed (with confidence, where there are intervals)."""
+        return tuple(g for g in self.gates if g.state is GateState.FAILED)
+
+    @property
+    def undecided_gates(self) -> tuple[GateCheck, ...]:
+        return tuple(g for g in self.gates if g.state is GateState.UNDECIDED)

@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from pytest_specsel.measurement import MemoryReading
+from pytest_specsel.measurement import NoiseFloor
 from pytest_specsel.measurement import Round
 from pytest_specsel.measurement import ScenarioFigures
 from pytest_specsel.measurement import SpecTelemetry
+from pytest_specsel.measurement import pool_rounds
 from pytest_specsel.parity import ParityResult
 from pytest_specsel.records import Admission
 from pytest_specsel.records import Decision
@@ -83,6 +85,10 @@ class ScenarioResult:
     #: at the candidate's first divergence, whether the baseline also diverged from itself
     baseline_self_diverges: bool | None = None
     error: str | None = None
+    #: a candidate's: the baseline rounds its evidence pairs with (pair i beside rounds[i])
+    baseline_rounds: tuple[Round, ...] = ()
+    #: the A/A spread of the baseline rounds behind this result
+    noise_floor: NoiseFloor | None = None
 
     @property
     def measured(self) -> Round | None:
@@ -103,6 +109,9 @@ class CandidateState:
     #: the backend's own launch words for ``speculative`` (vLLM: the --speculative-config object)
     launch_config: Mapping[str, Any] | None = None
     failure: str | None = None
+    #: how its rounds are placed against its baseline's, and why
+    pairing: Pairing | None = None
+    pairing_reason: str | None = None
     log_path: Path | None = None
     scenarios: dict[str, ScenarioResult] = dataclasses.field(default_factory=dict)
     launch_s: float | None = None
@@ -135,6 +144,9 @@ class ScenarioView:
     parity: ParityResult | None = None
     baseline_self_check: ParityResult | None = None
     baseline_self_diverges: bool | None = None
+    noise_floor: NoiseFloor | None = None
+    #: a candidate's: the figures of the baseline rounds it was paired with
+    baseline_figures: ScenarioFigures | None = None
     evidence: PairEvidence | None = None
     decision: Decision | None = None
 
@@ -174,9 +186,8 @@ def relative(path: Path | None, root: Path) -> str | None:
 
 
 def view_of(result: ScenarioResult, root: Path) -> ScenarioView:
-    """The view of a measured (or attempted) scenario."""
-    first = result.measured
-    memory = first.memory if first else None
+    """The view of a measured (or attempted) scenario: figures over all its own rounds."""
+    figures, telemetry, memory = pool_rounds(result.rounds)
     return ScenarioView(
         candidate=result.candidate,
         scenario=result.scenario.key,
@@ -189,13 +200,15 @@ def view_of(result: ScenarioResult, root: Path) -> ScenarioView:
         raw_path=relative(result.raw_path, root),
         rounds=len(result.rounds),
         pairing=result.pairing,
-        figures=first.figures if first else None,
+        figures=figures,
         peak_memory_mb=memory.peak_mb if memory else None,
         memory=memory,
-        telemetry=first.telemetry if first else None,
+        telemetry=telemetry,
         parity=result.parity,
         baseline_self_check=result.self_check,
         baseline_self_diverges=result.baseline_self_diverges,
+        noise_floor=result.noise_floor,
+        baseline_figures=pool_rounds(result.baseline_rounds)[0] if result.baseline_rounds else None,
         evidence=result.evidence,
         decision=result.decision,
     )

@@ -9,7 +9,6 @@ scenario is written to its raw JSON as soon as it ends, so an interrupted run ke
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from collections.abc import Mapping
@@ -22,27 +21,21 @@ from pytest_specsel import documents
 from pytest_specsel.backends.protocol import BackendBundle
 from pytest_specsel.backends.protocol import LaunchError
 from pytest_specsel.backends.protocol import ServerHandle
-from pytest_specsel.measurement import Round
-from pytest_specsel.pairing import pair
-from pytest_specsel.pairing import request_parity
-from pytest_specsel.pairing import run_summary
-from pytest_specsel.parity import ParityResult
+from pytest_specsel.gating import co_residence
+from pytest_specsel.meter import ScenarioMeter
 from pytest_specsel.preflight import run_preflight
 from pytest_specsel.records import Device
+from pytest_specsel.records import Pairing
 from pytest_specsel.records import Role
 from pytest_specsel.records import RunStatus
 from pytest_specsel.records import SpeculativeConfig
 from pytest_specsel.records import to_json
-from pytest_specsel.replay import measure_round
-from pytest_specsel.replay import progress_line
-from pytest_specsel.replay import replay_spec
 from pytest_specsel.results import CandidateState
 from pytest_specsel.results import Scenario
 from pytest_specsel.results import ScenarioResult
 from pytest_specsel.results import ScenarioView
 from pytest_specsel.results import not_run_view
 from pytest_specsel.results import settled_status
-from pytest_specsel.results import track_snapshot
 from pytest_specsel.results import view_of
 from pytest_specsel.servers import ServerPool
 from pytest_specsel.study import Study
@@ -79,13 +72,13 @@ class Selection:
         self._timings: dict[str, float] = {}
         self._capability: Any = None
         self._states: dict[str, CandidateState] = {}
-        #: per track, per scenario key: the baseline's result
-        self._baselines: dict[str, dict[str, ScenarioResult]] = {}
         self._workloads: dict[str, Workload] = {}
         self._servers = ServerPool(bundle, study, device, self._timings, say)
+        self._meter = ScenarioMeter(study, bundle, paths, self._workloads, self._states, self._timings, say)
         #: per server name: the scenario keys it will measure, for progress and launches
-        self._plan: dict[str, list[str]] = {}
-        self._interrupted = False
+        self._plan = self._meter.plan
+        #: per track, per scenario key: the baseline's own result
+        self._baselines = self._meter.baselines
         self._started = time.time()
 
     # -- what the session reads ---------------------------------------------------------
@@ -112,18 +105,17 @@ class Selection:
         return handle.log_tail() if handle is not None else ""
 
     def mark_interrupted(self) -> None:
-        self._interrupted = True
+        self._meter.interrupted = True
 
     # -- preflight ---------------------------------------------------------------------
     def preflight(self) -> None:
         """Probe the backend, load workloads, admit each candidate. Starts nothing."""
         t0 = time.monotonic()
         found = run_preflight(self.study, self._bundle, self._real, self._hint)
-        self._capability, self._workloads, self._states = (
-            found.capability,
-            dict(found.workloads),
-            dict(found.states),
-        )
+        # In place: the meter reads the same dicts.
+        self._capability = found.capability
+        self._workloads.update(found.workloads)
+        self._states.update(found.states)
         self._timings["preflight_s"] = time.monotonic() - t0
 
     def plan(self, name: str, scenarios: Sequence[Scenario]) -> None:
@@ -141,179 +133,156 @@ class Selection:
         return handle
 
     def open(self, name: str) -> None:
-        """Start a candidate's server; for a speculative candidate, first measure its track
-        baseline's missing scenarios on a short-lived target-only server.
+        """Start a candidate's server. A speculative candidate first gets its track's
+        baseline: a server beside its own when both fit (interleaved rounds), else the
+        baseline's rounds measured on a short-lived server before it (sequential).
 
-        :raises BaselineUnavailable: when no baseline scenario it needs completed.
+        :raises BaselineUnavailable: when no baseline it needs could be measured.
         :raises LaunchError: when the server does not come up (the candidate is ``failed``).
         """
         state = self._states[name]
         if state.run_status is not RunStatus.RUNNABLE or state.assets is None:
             raise RuntimeError(f"specsel: {name} is {state.run_status.value}, not runnable")
         keys = self._plan.setdefault(name, [s.key for s in self.scenarios])
-        if not state.candidate.is_baseline:
+        if state.candidate.is_baseline:
+            if self._servers.get(name) is None:
+                self._launch(name, state.assets.target_path, None, state)
+            return
+        g0 = self._states[self._baseline_name()]
+        state.pairing, state.pairing_reason = co_residence(
+            g0.assets.estimated_memory_gb if g0.assets else None,
+            state.assets.estimated_memory_gb,
+            self._capability,
+            self.study,
+        )
+        if state.pairing is Pairing.INTERLEAVED:
+            self._baseline_server(state)
+        else:
             self._ensure_baseline(state.track, keys)
+            self._servers.stop(self._track_server(state.track))  # the two do not fit together
             have = self._baselines.get(state.track, {})
             if not any(k in have and have[k].run_status is RunStatus.COMPLETED for k in keys):
-                g0 = self._states[self._baseline_name()]
-                why = g0.failure.splitlines()[0] if g0.failure else g0.admission.detail
-                status = f"{g0.name} {g0.run_status.value}: {why}"
-                state.failure = f"not launched: no completed target-only baseline ({status})"
-                raise BaselineUnavailable(state.failure)
+                self._unavailable(state)
         try:
             self._launch(name, state.assets.target_path, state.speculative, state)
         except LaunchError as exc:
             state.run_status, state.failure = RunStatus.FAILED, str(exc)
             raise
 
+    def _unavailable(self, state: CandidateState) -> None:
+        g0 = self._states[self._baseline_name()]
+        why = g0.failure.splitlines()[0] if g0.failure else g0.admission.detail
+        state.failure = (
+            f"not launched: no completed target-only baseline ({g0.name} {g0.run_status.value}: {why})"
+        )
+        raise BaselineUnavailable(state.failure)
+
     def close(self, name: str) -> None:
-        """Stop a candidate's server (if it has one) and settle its status."""
-        self._servers.stop(name)
+        """Stop a candidate's server and settle its status; a baseline server stays up while
+        a planned candidate of its track still needs it."""
         state = self._states[name]
+        if not state.candidate.is_baseline:
+            self._servers.stop(name)
+        track_server = self._track_server(state.track)
+        if self._servers.get(track_server) is not None and not self._baseline_needed(state.track, name):
+            self._servers.stop(track_server)
+            g0 = self._states[self._baseline_name()]
+            g0.run_status, g0.failure = settled_status(g0)
         state.run_status, state.failure = settled_status(state)
 
     def stop_all(self) -> None:
         """Safety net at the end (interrupts included): no server outlives the run."""
         for name in self._servers.names():
-            self.close(name)
+            self._servers.stop(name)
+        for state in self._states.values():
+            state.run_status, state.failure = settled_status(state)
 
     def _baseline_name(self) -> str:
         return next(c.name for c in self.study.candidates if c.is_baseline)
 
-    def _ensure_baseline(self, track: str, keys: Sequence[str]) -> None:
-        """Measure the track's target-only baseline for scenario keys it lacks."""
-        missing = [k for k in keys if k not in self._baselines.get(track, {})]
+    def _track_server(self, track: str) -> str:
+        g0 = self._baseline_name()
+        return g0 if track == self.study.target_model else f"{g0}@{_slug(track)}"
+
+    def _baseline_needed(self, track: str, closing: str) -> bool:
+        """Whether a planned, not yet measured speculative candidate of ``track`` remains."""
+        return any(
+            s.track == track
+            and not s.candidate.is_baseline
+            and s.run_status is RunStatus.RUNNABLE
+            and n != closing
+            for n, s in self._states.items()
+            if n in self._plan
+        )
+
+    def _track_target(self, track: str) -> tuple[str | None, CandidateState | None]:
+        """The target folder a track's baseline serves, and the state its server belongs
+        to (G0's for the study's target; none for a second track's own baseline)."""
         g0 = self._states[self._baseline_name()]
-        if not missing:
-            return
         if track == self.study.target_model:
-            if g0.run_status not in (RunStatus.RUNNABLE, RunStatus.COMPLETED) or g0.assets is None:
-                return
-            name, target_path, state = g0.name, g0.assets.target_path, g0
-        else:
-            # A second track: its own target-only baseline, never G0's.
-            cand = next(s for s in self._states.values() if s.track == track)
-            if cand.assets is None or cand.assets.target_path is None:
-                return
-            name, target_path, state = f"{g0.name}@{_slug(track)}", cand.assets.target_path, None
+            ok = g0.run_status in (RunStatus.RUNNABLE, RunStatus.COMPLETED) and g0.assets is not None
+            return (g0.assets.target_path if ok and g0.assets else None), g0
+        cand = next((s for s in self._states.values() if s.track == track and s.assets), None)
+        return (cand.assets.target_path if cand and cand.assets else None), None
+
+    def _baseline_server(self, state: CandidateState) -> ServerHandle:
+        """The track's baseline server, started if it is not up (interleaved pairing)."""
+        name = self._track_server(state.track)
+        handle = self._servers.get(name)
+        if handle is not None:
+            return handle
+        target, owner = self._track_target(state.track)
+        if target is None:
+            self._unavailable(state)
+        try:
+            return self._launch(name, str(target), None, owner)
+        except LaunchError as exc:
+            if owner is not None:
+                owner.run_status, owner.failure = RunStatus.FAILED, str(exc)
+            self._unavailable(state)
+            raise
+
+    def _ensure_baseline(self, track: str, keys: Sequence[str]) -> None:
+        """Sequential pairing: measure the track's baseline for scenario keys it lacks."""
+        missing = [k for k in keys if k not in self._baselines.get(track, {})]
+        target, owner = self._track_target(track)
+        if not missing or target is None:
+            return
+        name = self._track_server(track)
         self._plan[name] = missing
         self._say(f"[specsel] {name}: measuring baseline for {', '.join(missing)} (needed by a candidate)")
         try:
-            handle = self._launch(name, target_path, None, state)
+            handle = self._servers.get(name) or self._launch(name, target, None, owner)
         except LaunchError as exc:
-            if state is not None:
-                state.run_status, state.failure = RunStatus.FAILED, str(exc)
+            if owner is not None:
+                owner.run_status, owner.failure = RunStatus.FAILED, str(exc)
             return
         try:
             for key in missing:
-                self._measure(name, track, handle, self._scenario(key), state)
+                self._meter.side(name, track, handle, self._scenario(key), owner)
         finally:
             self._servers.stop(name)
-            if state is not None:
-                state.run_status, state.failure = settled_status(state)
+            if owner is not None:
+                owner.run_status, owner.failure = settled_status(owner)
 
     # -- measuring ---------------------------------------------------------------------
     def _scenario(self, key: str) -> Scenario:
         return next(s for s in self.scenarios if s.key == key)
 
     def measure(self, name: str, scenario: Scenario) -> ScenarioResult:
-        """Measure one scenario on the candidate's running server (idempotent per scenario)."""
+        """Measure one scenario of a candidate whose server is up (idempotent per scenario)."""
         state = self._states[name]
         if scenario.key in state.scenarios:
             return state.scenarios[scenario.key]
         handle = self._servers.get(name)
         assert handle is not None, f"specsel: {name} has no server up"
-        return self._measure(name, state.track, handle, scenario, state)
-
-    def _measure(
-        self, name: str, track: str, handle: ServerHandle, scenario: Scenario, state: CandidateState | None
-    ) -> ScenarioResult:
-        t0 = time.monotonic()
-        plan = self._plan.get(name) or [s.key for s in self.scenarios]
-        position = plan.index(scenario.key) + 1 if scenario.key in plan else len(plan) + 1
-        s = self.study
-        self._say(
-            f"[specsel] {name}: scenario {position} of {len(plan)}: {scenario.key} "
-            f"(warmup {s.warmup}, {s.num_prompts} prompts x {s.repeats})"
-        )
-        role = Role.CANDIDATE if state is not None and not state.candidate.is_baseline else Role.BASELINE
-        spec = replay_spec(self.study, self._workloads[scenario.workload], handle, scenario)
-        first, interrupt = measure_round(
-            self._bundle,
-            handle,
-            spec,
-            role,
-            0,
-            window=True,
-            progress=progress_line(self._say, name, scenario, "measured"),
-        )
-        rounds, self_check = [first], None
-        if role is Role.BASELINE and s.baseline_self_check and first.error is None and interrupt is None:
-            # The server is warm by now: the second round needs no warmup of its own.
-            second, interrupt = measure_round(
-                self._bundle,
-                handle,
-                dataclasses.replace(spec, warmup=0),
-                role,
-                1,
-                window=False,
-                progress=progress_line(self._say, name, scenario, "self-check"),
-            )
-            rounds.append(second)
-            self_check = request_parity(first.requests, second.requests) if second.error is None else None
-        result = self._record(name, track, scenario, role, rounds, self_check, state)
-        self._timings[f"{name}.{scenario.key}.measure_s"] = time.monotonic() - t0
-        if interrupt is not None:
-            self._interrupted = True
-            raise interrupt
-        return result
-
-    def _record(
-        self,
-        name: str,
-        track: str,
-        scenario: Scenario,
-        role: Role,
-        rounds: list[Round],
-        self_check: ParityResult | None,
-        state: CandidateState | None,
-    ) -> ScenarioResult:
-        """Summarise, pair (a candidate), keep and write one scenario's result."""
-        workload = self._workloads[scenario.workload]
-        status = RunStatus.FAILED if rounds[0].error else RunStatus.COMPLETED
-        summary = run_summary(
-            role,
-            status,
-            rounds[0],
-            target_snapshot=track_snapshot(self._states.values(), track, state),
-            workload_key=f"{scenario.workload}@{workload.sha256[:12]}-n{len(workload.prompts)}"
-            f"x{self.study.repeats}-c{scenario.concurrency}",
-            sampling_key=self.study.sampling_key,
-        )
-        raw_path = self.paths.raw(name, scenario.key)
-        result = ScenarioResult(
-            name,
-            scenario,
-            role,
-            track,
-            status,
-            tuple(rounds),
-            raw_path,
-            summary,
-            self_check,
-            error=rounds[0].error,
-        )
-        if role is Role.CANDIDATE:
-            base = self._baselines.get(track, {}).get(scenario.key)
-            result = pair(base, result, self.study.gates, require_parity=self.study.require_exact_match_at_t0)
+        if state.candidate.is_baseline or state.pairing is not Pairing.INTERLEAVED:
+            result = self._meter.side(name, state.track, handle, scenario, state)
         else:
-            self._baselines.setdefault(track, {})[scenario.key] = result
-        if state is not None:
-            state.scenarios[scenario.key] = result
-        header = documents.RunHeader(self.paths.label, self.paths.root, not self._interrupted)
-        arguments = documents.raw_arguments(self.study, workload, scenario)
-        raw = documents.raw_document(header, result, view_of(result, self.paths.root), arguments)
-        artifacts.write_json(result.raw_path, raw)
+            base_name = self._track_server(state.track)
+            base_handle = self._servers.get(base_name)
+            assert base_handle is not None, f"specsel: {base_name} is not up beside {name}"
+            result = self._meter.pairs(state, handle, scenario, base_name, base_handle)
         return result
 
     # -- files -------------------------------------------------------------------------
@@ -323,7 +292,7 @@ class Selection:
     def finish(self, extensions: Extensions | None = None) -> dict[str, Path]:
         """Write every group summary, the manifest and the handoff. Safe to call on failure."""
         self._timings["wall_s"] = time.time() - self._started
-        header = documents.RunHeader(self.paths.label, self.paths.root, not self._interrupted)
+        header = documents.RunHeader(self.paths.label, self.paths.root, not self._meter.interrupted)
         run = {
             "real_experiment": self._real,
             "device": self._device.value,

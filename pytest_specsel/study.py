@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_specsel.families import BASELINE_FAMILY
+from pytest_specsel.intervals import RoundPolicy
 from pytest_specsel.records import Thresholds
 from pytest_specsel.records import to_json
 
@@ -64,6 +65,13 @@ DEFAULTS: dict[str, Any] = {
         "num_speculative_tokens": 5,
         "require_exact_match_at_t0": True,
         "baseline_self_check": True,
+        # Paired rounds: see intervals.RoundPolicy and README "Rounds and intervals".
+        "rounds": 3,
+        "max_rounds": 6,
+        "confidence": 0.95,
+        "adaptive": True,
+        "scenario_budget_s": 0.0,
+        "baseline_rounds": 2,
     },
     "strategies": {
         "g0_target_only": {"enabled": True, "family": BASELINE_FAMILY},
@@ -153,6 +161,10 @@ class Study:
     num_speculative_tokens: int
     require_exact_match_at_t0: bool
     baseline_self_check: bool
+    #: how many round pairs each candidate scenario gets, at what confidence
+    policy: RoundPolicy
+    #: rounds of the baseline's own scenarios (its A/A spread and self-check)
+    baseline_rounds: int
     #: G0-G5 in slot order, then the extra candidates in file order: the launch order
     candidates: tuple[Candidate, ...]
     gates: Thresholds

@@ -18,6 +18,7 @@ from typing import Any
 from pytest_specsel.artifacts import label_problem
 from pytest_specsel.families import BASELINE_FAMILY
 from pytest_specsel.families import family_contract
+from pytest_specsel.intervals import RoundPolicy
 from pytest_specsel.records import Thresholds
 from pytest_specsel.study import BASELINE_GROUP
 from pytest_specsel.study import DEFAULTS
@@ -225,7 +226,26 @@ def _run(r: Mapping[str, Any], loc: _Locator) -> dict[str, Any]:
             "or require_exact_match_at_t0 = false",
         )
     out["baseline_self_check"] = _typed(r["baseline_self_check"], bool, "run.baseline_self_check", loc)
+    out["baseline_rounds"] = _positive(
+        _typed(r["baseline_rounds"], int, "run.baseline_rounds", loc), "run.baseline_rounds", loc
+    )
+    out["policy"] = _policy(r, loc)
     return out
+
+
+def _policy(r: Mapping[str, Any], loc: _Locator) -> RoundPolicy:
+    low = _positive(_typed(r["rounds"], int, "run.rounds", loc), "run.rounds", loc)
+    high = _positive(_typed(r["max_rounds"], int, "run.max_rounds", loc), "run.max_rounds", loc)
+    if high < low:
+        raise loc.error("run.max_rounds", f"{high!r} must be >= run.rounds ({low!r})")
+    level = _typed(r["confidence"], float, "run.confidence", loc)
+    if not 0.5 <= level < 1:
+        raise loc.error("run.confidence", f"{level!r} must lie in [0.5, 1), e.g. 0.95")
+    budget = _typed(r["scenario_budget_s"], float, "run.scenario_budget_s", loc)
+    if budget < 0:
+        raise loc.error("run.scenario_budget_s", f"{budget!r} must be >= 0 (0: no budget)")
+    adaptive = _typed(r["adaptive"], bool, "run.adaptive", loc)
+    return RoundPolicy(low, high, level, adaptive, budget_s=budget or None)
 
 
 def _family(key: str, conf: Mapping[str, Any], fixed_slot: str | None, loc: _Locator) -> str:

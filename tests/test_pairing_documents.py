@@ -46,7 +46,7 @@ def result(role, e2e_ms=100.0, texts=("a", "b"), speculative=False, self_check=N
     measured = Round(role, 0, reqs, e2e_ms / 1000, scenario_figures(reqs, e2e_ms / 1000), telemetry,
                      MemoryReading(900.0, "test", 3))  # fmt: skip
     summary = run_summary(
-        role, RunStatus.COMPLETED, measured, target_snapshot="t1", workload_key="w1", sampling_key="s1"
+        role, RunStatus.COMPLETED, [measured], target_snapshot="t1", workload_key="w1", sampling_key="s1"
     )
     name = "g0_target_only" if role is Role.BASELINE else "g1_ngram"
     raw = ROOT / "raw" / f"{name}__{SCENARIO.key}.json"

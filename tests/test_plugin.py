@@ -121,8 +121,9 @@ class TestOutcomes:
         )
         p.runpytest("--specsel-cpu", "--specsel-label", "wu", "-k", "ngram and general-c1")
         raw = json.loads((p.path / "results" / "wu" / "raw" / "g1_ngram__general-c1.json").read_text())
+        # Warmup drafts (500 proposed, none accepted) would pull the rate below 0.6.
         assert raw["scenario"]["telemetry"]["acceptance_rate"] == pytest.approx(0.6)
-        assert raw["scenario"]["telemetry"]["drafts"] == 8.0
+        assert raw["scenario"]["telemetry"]["drafts"] == 3 * 8.0  # three rounds, summed
 
     def test_missing_telemetry_is_incomplete_evidence(self, project):
         p = project("{'g1_ngram': FakeScript(token_s=0.005, acceptance=None)}")
@@ -171,9 +172,39 @@ class TestOutcomes:
 
 
 class TestServers:
-    def test_baseline_runs_first_and_one_server_lives_at_a_time(self, project):
+    def test_the_baseline_stays_up_beside_the_candidate_and_rounds_interleave(self, project):
         p = project("{'g1_ngram': FakeScript(token_s=0.005)}")
         p.runpytest("--specsel-cpu", "--specsel-label", "o").assert_outcomes(passed=8, skipped=16)
+        events = (p.path / "events.txt").read_text().splitlines()
+        assert events == [
+            "start g0_target_only",
+            "start g1_ngram",
+            "stop g1_ngram",
+            "stop g0_target_only",
+            "max_alive=2",
+        ]
+        raw = json.loads((p.path / "results" / "o" / "raw" / "g1_ngram__general-c1.json").read_text())
+        assert [(r["role"], r["index"]) for r in raw["baseline_rounds"]] == [
+            ("baseline", i) for i in range(3)
+        ]
+        assert len(raw["rounds"]) == 3
+        evidence = raw["scenario"]["evidence"]
+        assert evidence["pairing"] == "interleaved"
+        assert evidence["throughput_speedup_interval"]["pairs"] == 3
+        assert (
+            _handoff(p, "o")["candidates"]["g1_ngram"]["scenarios"]["general-c1"]["decision"]["verdict"]
+            == "accept"
+        )
+
+    def test_servers_that_do_not_fit_together_pair_sequentially_and_say_so(self, project):
+        big = "AssetFacts('/fake/target', 'fake-rev-1', None, None, True, True, False, 9.0, 10.0, {})"
+        p = project(
+            "{'g1_ngram': FakeScript(token_s=0.005)}",
+            assets=f"{{'g0_target_only': {big}, 'g1_ngram': {big}}}",
+        )
+        p.runpytest("--specsel-cpu", "--specsel-label", "seq", "-k", "general-c1").assert_outcomes(
+            passed=2, skipped=4, deselected=18
+        )
         events = (p.path / "events.txt").read_text().splitlines()
         assert events == [
             "start g0_target_only",
@@ -182,15 +213,25 @@ class TestServers:
             "stop g1_ngram",
             "max_alive=1",
         ]
+        summary = json.loads((p.path / "results" / "seq" / "groups" / "g1_ngram.json").read_text())
+        assert summary["pairing"] == "sequential" and "do not fit together" in summary["pairing_reason"]
+        assert summary["scenarios"]["general-c1"]["evidence"]["pairing"] == "sequential"
 
     def test_deselected_baseline_is_still_measured_for_its_candidate(self, project):
         p = project("{'g1_ngram': FakeScript(token_s=0.005)}")
         result = p.runpytest("--specsel-cpu", "--specsel-label", "k", "-k", "ngram and repetition and c4")
         result.assert_outcomes(passed=1, deselected=23)
         events = (p.path / "events.txt").read_text().splitlines()
-        assert events[:3] == ["start g0_target_only", "stop g0_target_only", "start g1_ngram"]
+        assert events[:4] == [
+            "start g0_target_only",
+            "start g1_ngram",
+            "stop g1_ngram",
+            "stop g0_target_only",
+        ]
         raw = sorted(x.name for x in (p.path / "results" / "k" / "raw").iterdir())
-        assert raw == ["g0_target_only__repetition-c4.json", "g1_ngram__repetition-c4.json"]
+        assert raw == ["g1_ngram__repetition-c4.json"]  # the paired baseline rounds live in it
+        doc = json.loads((p.path / "results" / "k" / "raw" / raw[0]).read_text())
+        assert len(doc["baseline_rounds"]) == 3
 
     def test_a_proposer_for_another_target_gets_its_own_track_baseline(self, project):
         study = STUDY + '[specsel.strategies.g3_eagle]\nasset = "eagle-for-other"\ntarget = "other/target"\n'
@@ -202,21 +243,22 @@ class TestServers:
         result = p.runpytest("--specsel-cpu", "--specsel-label", "tt", "-k", "eagle and general-c1")
         result.assert_outcomes(passed=1, deselected=23)
         events = (p.path / "events.txt").read_text().splitlines()
-        assert events[:3] == [
+        assert events[:4] == [
             "start g0_target_only@other_target",
-            "stop g0_target_only@other_target",
             "start g3_eagle",
+            "stop g3_eagle",
+            "stop g0_target_only@other_target",
         ]
         handoff = _handoff(p, "tt")
-        assert set(handoff["baseline"]) == {"other/target"}
         g3 = handoff["candidates"]["g3_eagle"]
         assert g3["track"] == "other/target"
-        assert g3["scenarios"]["general-c1"]["evidence"]["throughput_speedup"] == pytest.approx(0.2 / 0.11)
+        scenario = g3["scenarios"]["general-c1"]
+        assert scenario["evidence"]["throughput_speedup"] == pytest.approx(0.2 / 0.11)
+        # The track's baseline rounds were measured beside it, on its own target: in its evidence.
+        assert scenario["baseline_figures"]["throughput_tokens_per_s"] == pytest.approx(16 / 0.2)
+        raw = json.loads((p.path / "results" / "tt" / "raw" / "g3_eagle__general-c1.json").read_text())
+        assert raw["summary"]["target_snapshot"] == "other-rev" and len(raw["baseline_rounds"]) == 3
         assert "in-track speedups" in handoff["rule"]
-        assert (
-            _manifest(p, "tt")["extra_baselines"]["other/target"]["general-c1"]
-            == "raw/g0_target_only@other_target__general-c1.json"
-        )
 
     def test_ids_are_readable_and_selectable(self, project):
         p = project()
@@ -276,22 +318,20 @@ class TestFiles:
         assert manifest["complete"] is False
         assert [g["run_status"] for g in manifest["groups"][:2]] == ["completed", "failed"]
         events = (p.path / "events.txt").read_text().splitlines()
-        assert events[:4] == [
-            "start g0_target_only",
-            "stop g0_target_only",
-            "start g1_ngram",
-            "stop g1_ngram",
-        ]
+        assert sorted(events[:4]) == sorted(
+            ["start g0_target_only", "start g1_ngram", "stop g1_ngram", "stop g0_target_only"]
+        )
         raw = json.loads((p.path / "results" / "ctrlc" / "raw" / "g1_ngram__general-c1.json").read_text())
         assert raw["scenario"]["error"] == "interrupted" and len(raw["rounds"][0]["requests"]) == 1
+        assert len(raw["baseline_rounds"]) == 1  # the baseline round before it is kept too
 
-    def test_an_interrupted_self_check_keeps_the_measured_baseline(self, project):
+    def test_an_interrupted_second_baseline_round_keeps_the_first(self, project):
         p = project("{'g0_target_only': FakeScript(interrupt_at_run=2)}")
         result = p.runpytest_subprocess("--specsel-cpu", "--specsel-label", "sc", "-k", "g0 and general-c1")
         assert result.ret == pytest.ExitCode.INTERRUPTED
         raw = json.loads((p.path / "results" / "sc" / "raw" / "g0_target_only__general-c1.json").read_text())
-        assert raw["scenario"]["run_status"] == "completed" and len(raw["rounds"][0]["requests"]) == 2
-        assert raw["scenario"]["baseline_self_check"] is None
+        assert raw["rounds"][0]["error"] is None and len(raw["rounds"][0]["requests"]) == 2
+        assert raw["scenario"]["error"] == "interrupted" and raw["scenario"]["baseline_self_check"] is None
         assert raw["rounds"][1]["error"] == "interrupted" and len(raw["rounds"][1]["requests"]) == 1
         assert _manifest(p, "sc")["complete"] is False
 
@@ -339,7 +379,7 @@ class TestFiles:
         result.stdout.fnmatch_lines(
             [
                 "*[[]specsel[]] g1_ngram: starting server*",
-                "*[[]specsel[]] g1_ngram: scenario 1 of 1: general-c1 (warmup 0, 2 prompts x 1)*",
+                "*[[]specsel[]] g1_ngram: scenario 1 of 1: general-c1 (paired rounds, ABBA, 3+ pairs; warmup 0, 2 prompts x 1)*",
                 "*specsel: speculative-decoding selection*",
                 "case*status*speedup*ttft p95*e2e p95*tok/s*peak MB*accept*mean len*parity*decision",
                 "g0_target_only-general-c1*completed*2/2 self*baseline",
@@ -373,7 +413,8 @@ class TestHouse:
         result.assert_outcomes(passed=2, xfailed=1, skipped=4, deselected=21)
         result.stdout.fnmatch_lines(["*test_candidate[[]x_lookahead-general-c1[]] PASSED*"])
         events = (p.path / "events.txt").read_text().splitlines()
-        assert events[-3:-1] == ["start x_lookahead", "stop x_lookahead"]  # after G0-G5
+        # After G0-G5, beside the baseline, which stops once no candidate needs it.
+        assert events[-4:-1] == ["start x_lookahead", "stop x_lookahead", "stop g0_target_only"]
         handoff = _handoff(p, "fam")
         extra = handoff["candidates"]["x_lookahead"]
         assert extra["family"] == "lookahead" and extra["run_status"] == "completed"
