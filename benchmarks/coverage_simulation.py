@@ -2,10 +2,11 @@
 
     python benchmarks/coverage_simulation.py --studies 1000 --seed 1
 
-Each simulated study measures one candidate scenario against its baseline in ABBA round
-pairs, with the shipped :class:`~pytest_specsel.intervals.RoundPolicy` (looks after every
-pair from ``min_pairs`` to ``max_pairs``, stopping when every gate is decided) and the
-shipped intervals. The noise model is meant to be worse than the CPU box:
+Each simulated study measures one candidate scenario against its baseline through the
+shipped ``interleave.run_pairs`` (ABBA round pairs, a look after every pair from
+``min_pairs`` to ``max_pairs``, stopping as soon as the verdict cannot change) with the
+shipped :class:`~pytest_specsel.intervals.RoundPolicy` defaults and intervals. The noise
+model is meant to be worse than the CPU box:
 
 * the machine's speed drifts: a linear trend (up to +-3 % per round) plus a random walk
   (2 % steps), shared by both arms, so adjacent rounds see nearly the same machine;
@@ -28,12 +29,18 @@ import math
 import random
 import sys
 
-from pytest_specsel.intervals import GateState
-from pytest_specsel.intervals import RoundFigures
+from pytest_specsel.interleave import RoundRunner
+from pytest_specsel.interleave import ratio_states
+from pytest_specsel.interleave import run_pairs
 from pytest_specsel.intervals import RoundPolicy
-from pytest_specsel.intervals import gate_state
 from pytest_specsel.intervals import paired_intervals
+from pytest_specsel.measurement import Round
+from pytest_specsel.measurement import ScenarioFigures
+from pytest_specsel.pairing import round_figures
 from pytest_specsel.records import GateOp
+from pytest_specsel.records import GateState
+from pytest_specsel.records import Role
+from pytest_specsel.records import Thresholds
 from pytest_specsel.stats import percentile
 
 GATES = {
@@ -51,55 +58,61 @@ CASES = [
 ]
 
 
-def _round(rng: random.Random, speed: float, scale: float, prompts: list[float]) -> RoundFigures:
-    tput = 20.0 * speed / scale * math.exp(0.06 * rng.gauss(0, 1) / math.sqrt(rng.gammavariate(1.5, 1 / 1.5)))
+def _figures(
+    rng: random.Random, speed: float, prompts: list[float], ratios: tuple[float, float]
+) -> ScenarioFigures:
+    """One round's figures at machine speed ``speed``; latencies scaled by ``ratios``."""
+    noise = 0.06 * rng.gauss(0, 1) / math.sqrt(rng.gammavariate(1.5, 1 / 1.5))  # Student t, 3 df
+    tput = 20.0 * speed * math.exp(noise)
     e2e = []
     for cost in prompts:
         stall = 1.0 + rng.paretovariate(2.0) if rng.random() < 0.1 else 1.0
-        e2e.append(cost * scale / speed * math.exp(rng.gauss(0, 0.25)) * stall)
-    ttft = [x * 0.05 for x in e2e]
-    return RoundFigures(tput, percentile(ttft, 95), percentile(e2e, 95))
+        e2e.append(cost / speed * math.exp(rng.gauss(0, 0.25)) * stall)
+    ttft = [x * 0.05 * ratios[0] for x in e2e]
+    latency = {
+        "ttft_p95_ms": percentile(ttft, 95),
+        "e2e_p95_ms": percentile([x * ratios[1] for x in e2e], 95),
+    }
+    return ScenarioFigures(len(prompts), 0, 1.0, 0, tput, None, latency, "simulated")
 
 
 def study(
     rng: random.Random, policy: RoundPolicy, truth: tuple[float, float, float]
 ) -> tuple[dict[str, bool], dict[str, GateState], int]:
+    """One simulated candidate scenario through the shipped ``run_pairs`` and intervals."""
     speedup, ttft_ratio, e2e_ratio = truth
     prompts = [rng.uniform(1000, 4000) for _ in range(8)]
-    trend, walk, t = rng.uniform(-0.03, 0.03), 0.0, 0
-    base: list[RoundFigures] = []
-    cand: list[RoundFigures] = []
-    pairs = 0
-    intervals = None
-    while True:
-        # ABBA: even pairs measure B then C, odd pairs C then B.
-        order = ("b", "c") if pairs % 2 == 0 else ("c", "b")
-        for arm in order:
-            walk += rng.gauss(0, 0.02)
-            speed = math.exp(trend * t + walk)
-            t += 1
-            if arm == "b":
-                base.append(_round(rng, speed, 1.0, prompts))
-            else:
-                r = _round(rng, speed * speedup, 1.0, prompts)
-                # The candidate's latencies scale by their own true ratios.
-                ttft = (r.ttft_p95_ms or 0) * speedup * ttft_ratio
-                cand.append(
-                    RoundFigures(r.throughput_tokens_per_s, ttft, (r.e2e_p95_ms or 0) * speedup * e2e_ratio)
-                )
-        pairs += 1
-        intervals = paired_intervals(cand, base, policy.look_level)
-        states = {
-            name: gate_state(getattr(intervals, name), *GATES[name])
-            if getattr(intervals, name)
-            else GateState.UNDECIDED
-            for name in GATES
-        }
-        if not policy.more_pairs(pairs, list(states.values()), 0.0):
-            break
+    clock = {"t": 0, "trend": rng.uniform(-0.03, 0.03), "walk": 0.0}
+
+    def speed() -> float:
+        clock["walk"] += rng.gauss(0, 0.02)
+        clock["t"] += 1
+        return math.exp(clock["trend"] * clock["t"] + clock["walk"])
+
+    def arm(role: Role, scale: float, ratios: tuple[float, float]) -> RoundRunner:
+        def run(index: int) -> tuple[Round, None]:
+            figures = _figures(rng, speed() * scale, prompts, ratios)
+            return Round(role, index, (), 1.0, figures, None, None), None
+
+        return run
+
+    pairs = run_pairs(
+        arm(Role.BASELINE, 1.0, (1.0, 1.0)),
+        # The candidate's latencies scale by their own true ratios, not by its speed.
+        arm(Role.CANDIDATE, speedup, (ttft_ratio * speedup, e2e_ratio * speedup)),
+        policy,
+        Thresholds(),
+    )
+    intervals = paired_intervals(
+        [round_figures(r) for r in pairs.candidate],
+        [round_figures(r) for r in pairs.baseline],
+        policy.look_level,
+    )
+    states = dict(zip(GATES, ratio_states(intervals, Thresholds()), strict=True))
     truths = {"throughput_speedup": speedup, "ttft_ratio": ttft_ratio, "e2e_p95_ratio": e2e_ratio}
-    covered = {n: bool(getattr(intervals, n) and getattr(intervals, n).contains(truths[n])) for n in GATES}
-    return covered, states, pairs
+    found = {n: getattr(intervals, n) for n in GATES}
+    covered = {n: bool(found[n] and found[n].contains(truths[n])) for n in GATES}
+    return covered, states, len(pairs.candidate)
 
 
 def main() -> int:

@@ -93,7 +93,11 @@ def scenario_outcome(view: ScenarioView, *, strict: bool, log_tail: str = "") ->
         missing = ", ".join(evidence.missing_evidence)
         return Outcome(OutcomeKind.XFAIL, f"tune: incomplete evidence, missing {missing}", facts)
     if decision.verdict is Verdict.TUNE:
-        missed = "; ".join(g.describe() for g in decision.missed_gates)
         kind = OutcomeKind.FAIL if strict else OutcomeKind.XFAIL
-        return Outcome(kind, f"tune: performance gate(s) missed: {missed}", facts)
+        undecided = "; ".join(g.describe() for g in decision.undecided_gates)
+        if not decision.missed_gates:
+            return Outcome(kind, f"tune: collect_more_rounds: undecided: {undecided}", facts)
+        missed = "; ".join(g.describe() for g in decision.missed_gates)
+        also = f" (undecided: {undecided})" if undecided else ""
+        return Outcome(kind, f"tune: performance gate(s) missed: {missed}{also}", facts)
     return Outcome(OutcomeKind.PASS, f"accept: {decision.reason}", facts)

@@ -24,11 +24,24 @@ def _parity(v: ScenarioView) -> str | None:
     return f"{check.matched}/{check.total}" + ("" if v.parity else " self")
 
 
+def _speedup(v: ScenarioView) -> str | None:
+    """``1.21x [1.12, 1.31]`` with an interval, ``1.21x`` without; ``*`` marks flagged data."""
+    ev = v.evidence
+    if ev is None or ev.throughput_speedup is None:
+        return None
+    cell = (
+        ev.throughput_speedup_interval.describe()
+        if ev.throughput_speedup_interval
+        else f"{ev.throughput_speedup:.2f}x"
+    )
+    return cell + (" *" if ev.flags else "")
+
+
 #: (title, cell, format) per column; a cell of None prints as '-'
 _COLUMNS: tuple[tuple[str, Callable[[ScenarioView], Any], str], ...] = (
     ("case", lambda v: f"{v.candidate}-{v.scenario}", "{}"),
     ("status", lambda v: v.run_status.value, "{}"),
-    ("speedup", lambda v: v.evidence.throughput_speedup if v.evidence else None, "{:.2f}x"),
+    ("speedup", _speedup, "{}"),
     ("ttft p95", lambda v: v.evidence.ttft_ratio if v.evidence else None, "{:.2f}"),
     ("e2e p95", lambda v: v.evidence.e2e_p95_ratio if v.evidence else None, "{:.2f}"),
     ("tok/s", lambda v: v.throughput_tokens_per_s, "{:.1f}"),

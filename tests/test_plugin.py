@@ -476,3 +476,30 @@ class TestHouse:
         )
         out = result.stdout.str() + result.stderr.str()
         assert "Traceback" not in out and "error during collection" not in out.lower()
+
+
+class TestRounds:
+    def test_an_open_gate_is_tune_collect_more_rounds_naming_its_interval(self, project):
+        # Round-to-round noise of +-15 % on the candidate: 1.15x is not told from 1.10 in 3-6 pairs.
+        p = project("{'g1_ngram': FakeScript(token_s=0.0087, round_factors=[0.85, 1.15, 1.0, 1.2, 0.8])}")
+        result = p.runpytest("--specsel-cpu", "--specsel-label", "open", "-k", "ngram and general-c1", "-rx")
+        result.assert_outcomes(xfailed=1, deselected=23)
+        result.stdout.fnmatch_lines(
+            [
+                "*tune: collect_more_rounds: undecided: throughput_speedup 1.1*x [[]*, *[]] (needs >= 1.1): undecided at 6 pairs*"
+            ]
+        )
+        scenario = _handoff(p, "open")["candidates"]["g1_ngram"]["scenarios"]["general-c1"]
+        assert scenario["decision"]["reason"] == "collect_more_rounds"
+        gate = scenario["decision"]["gates"][0]
+        assert gate["state"] == "undecided" and gate["interval"]["pairs"] == 6 and gate["pairs_needed"] > 6
+        assert scenario["rounds"] == 6 and scenario["noise_floor"]["rounds"] == 6
+
+    def test_a_clear_loss_fails_with_confidence_and_stops_at_the_first_look(self, project):
+        p = project("{'g1_ngram': FakeScript(token_s=0.02, round_factors=[0.95, 1.05])}")
+        result = p.runpytest("--specsel-cpu", "--specsel-label", "loss", "-k", "ngram and general-c1", "-rx")
+        result.assert_outcomes(xfailed=1, deselected=23)
+        result.stdout.fnmatch_lines(
+            ["*tune: performance gate(s) missed: throughput_speedup 0.5*x [[]*[]] (needs >= 1.1): failed*"]
+        )
+        assert _handoff(p, "loss")["candidates"]["g1_ngram"]["scenarios"]["general-c1"]["rounds"] == 3

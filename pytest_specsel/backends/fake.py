@@ -54,6 +54,8 @@ class FakeScript:
     #: on this (1-based) client run of the group, deliver half the requests, then raise
     #: KeyboardInterrupt (a Ctrl-C)
     interrupt_at_run: int | None = None
+    #: per client run (cycled): a factor on that round's duration and latencies (noise)
+    round_factors: Sequence[float] = ()
 
 
 class _Handle:
@@ -163,9 +165,10 @@ class _Client:
             handle.counters = SpecCounters(c.drafts + 100, c.draft_tokens + 500, c.accepted_tokens, ())
         if hooks.on_measured_start is not None:
             hooks.on_measured_start()
-        records = self._records(spec, script)
-        self.world.runs[group] = self.world.runs.get(group, 0) + 1
-        if script.interrupt_at_run == self.world.runs[group]:
+        run = self.world.runs[group] = self.world.runs.get(group, 0) + 1
+        factor = script.round_factors[(run - 1) % len(script.round_factors)] if script.round_factors else 1.0
+        records = self._records(spec, script, factor)
+        if script.interrupt_at_run == run:
             if hooks.sink is not None:
                 hooks.sink.extend(records[: len(records) // 2])
             raise KeyboardInterrupt
@@ -182,13 +185,13 @@ class _Client:
                 (),
             )
         n = script.output_tokens
-        duration = len(records) * (script.ttft_s + script.token_s * (n - 1)) / spec.concurrency
+        duration = factor * len(records) * (script.ttft_s + script.token_s * (n - 1)) / spec.concurrency
         return ClientRun(tuple(records), spec.warmup, duration)
 
     @staticmethod
-    def _records(spec: ReplaySpec, script: FakeScript) -> list[RequestRecord]:
+    def _records(spec: ReplaySpec, script: FakeScript, factor: float) -> list[RequestRecord]:
         n = script.output_tokens
-        e2e = script.ttft_s + script.token_s * (n - 1)
+        e2e = factor * (script.ttft_s + script.token_s * (n - 1))
         records = []
         for rep in range(spec.repeats):
             for i, p in enumerate(spec.prompts):
@@ -200,8 +203,8 @@ class _Client:
                         p.prompt,
                         text,
                         i * 0.001,
-                        script.ttft_s * 1000,
-                        tuple([script.token_s * 1000] * (n - 1)),
+                        factor * script.ttft_s * 1000,
+                        tuple([factor * script.token_s * 1000] * (n - 1)),
                         e2e * 1000,
                         10,
                         n,
