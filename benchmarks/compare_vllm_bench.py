@@ -1,9 +1,13 @@
-"""Measure one scenario twice on the same server: with pytest-specsel's client and with
-``vllm bench serve``, and print how far apart throughput and median TTFT are.
+"""Our client against ``vllm bench serve`` on the same server, in interleaved rounds.
 
-    python benchmarks/compare_vllm_bench.py --group g1_ngram --workload repetition --concurrency 1
+    python benchmarks/compare_vllm_bench.py --group g1_ngram --workload repetition --concurrency 1 --rounds 4
 
-The server is started and stopped by pytest-specsel's launcher; nothing is left running.
+One server (the group's, from the study) is started and stopped here. Each round replays
+the workload's frozen prompts once with pytest-specsel's client or with ``vllm bench
+serve`` (aiohttp), in ABBA order (ours, theirs, theirs, ours, ...), each preceded by the
+same warmup. Per round pair, the ratio ours / theirs of output throughput and of median
+TTFT; printed as the geometric mean with a 95 % t-interval over the pairs (the method of
+``pytest_specsel.intervals``), so "we agree with vllm bench serve" is a measured interval.
 """
 
 from __future__ import annotations
@@ -17,18 +21,79 @@ from pathlib import Path
 
 from pytest_specsel.backends.client import HttpBenchClient
 from pytest_specsel.backends.protocol import LaunchSpec
-from pytest_specsel.backends.protocol import ReplayHooks
 from pytest_specsel.backends.protocol import ReplaySpec
 from pytest_specsel.backends.real import VllmProber
-from pytest_specsel.backends.telemetry import PrometheusScraper
 from pytest_specsel.backends.vllm import VllmLauncher
 from pytest_specsel.backends.vllm_probe import probe_vllm
 from pytest_specsel.gating import speculative_config
+from pytest_specsel.intervals import paired_log_ratio_interval
 from pytest_specsel.measurement import scenario_figures
-from pytest_specsel.measurement import telemetry_from_counters
 from pytest_specsel.records import Device
 from pytest_specsel.study_file import load_study
+from pytest_specsel.workloads import Workload
 from pytest_specsel.workloads import load_workload
+
+
+def _theirs(
+    command: tuple[str, ...],
+    base_url: str,
+    model: str,
+    tokenizer: str,
+    workload: Workload,
+    concurrency: int,
+    max_tokens: int,
+    warmup: int,
+    out: Path,
+    index: int,
+) -> tuple[float, float]:
+    """One ``vllm bench serve`` round: (output tok/s, median TTFT ms)."""
+    data = out / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p.prompt}) + "\n" for p in workload.prompts))
+    name = f"vllm_bench_{index}.json"
+    argv = [
+        *command,
+        "bench",
+        "serve",
+        "--backend",
+        "openai-chat",
+        "--base-url",
+        base_url,
+        "--endpoint",
+        "/v1/chat/completions",
+        "--model",
+        model,
+        "--tokenizer",
+        tokenizer,
+        "--dataset-name",
+        "custom",
+        "--dataset-path",
+        str(data),
+        "--skip-chat-template",
+        "--disable-shuffle",
+        "--custom-output-len",
+        str(max_tokens),
+        "--num-prompts",
+        str(len(workload.prompts)),
+        "--max-concurrency",
+        str(concurrency),
+        "--request-rate",
+        "inf",
+        "--temperature",
+        "0",
+        "--num-warmups",
+        str(warmup),
+        "--save-result",
+        "--result-dir",
+        str(out),
+        "--result-filename",
+        name,
+    ]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1200)
+    (out / f"vllm_bench_{index}.stdout.txt").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise RuntimeError(f"vllm bench serve failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    result = json.loads((out / name).read_text())
+    return float(result["output_throughput"]), float(result["median_ttft_ms"])
 
 
 def main() -> int:
@@ -37,15 +102,17 @@ def main() -> int:
     parser.add_argument("--group", default="g1_ngram")
     parser.add_argument("--workload", default="repetition")
     parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=4, help="round pairs (ours + theirs each)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/compare-vllm-bench"))
     args = parser.parse_args()
     root = Path.cwd()
     study = load_study(args.config, root)
     candidate = study.candidate(args.group)
-    capability = probe_vllm("cpu")
-    assets = VllmProber("cpu", root).inspect(study, candidate, capability)
+    capability = probe_vllm(Device.CPU)
+    assets = VllmProber(Device.CPU, root).inspect(study, candidate, capability)
     assert assets.target_path is not None, assets.details
     workload = load_workload(args.workload, study.workloads[args.workload], study.num_prompts)
+    warm = load_workload("warmup", study.warmup_workload)
     args.out.mkdir(parents=True, exist_ok=True)
     spec = LaunchSpec(
         args.group,
@@ -57,13 +124,9 @@ def main() -> int:
         Device.CPU,
     )
     server = VllmLauncher(capability.command).start(spec)
+    ours: list[tuple[float, float]] = []
+    theirs: list[tuple[float, float]] = []
     try:
-        scraper = PrometheusScraper()
-        window = {}
-
-        def open_window() -> None:
-            window["before"] = scraper.scrape(server.base_url)
-
         replay = ReplaySpec(
             server.base_url,
             study.served_name,
@@ -74,86 +137,42 @@ def main() -> int:
             study.max_tokens,
             0.0,
             300.0,
+            warm.prompts,
         )
-        ours = HttpBenchClient().run(replay, ReplayHooks(on_measured_start=open_window))
-        telemetry = telemetry_from_counters(
-            window["before"], scraper.scrape(server.base_url), "vllm_prometheus"
-        )
-        figures = scenario_figures(ours.requests, ours.duration_s)
         with tempfile.TemporaryDirectory() as tmp:
-            data = Path(tmp) / "prompts.jsonl"
-            data.write_text("".join(json.dumps({"prompt": p.prompt}) + "\n" for p in workload.prompts))
-            argv = [
-                *capability.command,
-                "bench",
-                "serve",
-                "--backend",
-                "openai-chat",
-                "--base-url",
-                server.base_url,
-                "--endpoint",
-                "/v1/chat/completions",
-                "--model",
-                study.served_name,
-                "--tokenizer",
-                assets.target_path,
-                "--dataset-name",
-                "custom",
-                "--dataset-path",
-                str(data),
-                "--skip-chat-template",
-                "--disable-shuffle",
-                "--custom-output-len",
-                str(study.max_tokens),
-                "--num-prompts",
-                str(len(workload.prompts)),
-                "--max-concurrency",
-                str(args.concurrency),
-                "--request-rate",
-                "inf",
-                "--temperature",
-                "0",
-                "--num-warmups",
-                str(study.warmup),
-                "--percentile-metrics",
-                "ttft,tpot,itl,e2el",
-                "--save-result",
-                "--result-dir",
-                str(args.out),
-                "--result-filename",
-                "vllm_bench.json",
-            ]
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=1200)
-            (args.out / "vllm_bench.stdout.txt").write_text(proc.stdout + proc.stderr)
-            if proc.returncode != 0:
-                print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
-                return proc.returncode
-        theirs = json.loads((args.out / "vllm_bench.json").read_text())
+            for pair in range(args.rounds):
+                for side in ("ours", "theirs") if pair % 2 == 0 else ("theirs", "ours"):
+                    if side == "ours":
+                        run = HttpBenchClient().run(replay)
+                        f = scenario_figures(run.requests, run.duration_s)
+                        ours.append((f.throughput_tokens_per_s or 0.0, f.get("ttft_p50_ms") or 0.0))
+                    else:
+                        theirs.append(
+                            _theirs(
+                                capability.command,
+                                server.base_url,
+                                study.served_name,
+                                assets.target_path,
+                                workload,
+                                args.concurrency,
+                                study.max_tokens,
+                                study.warmup,
+                                Path(tmp),
+                                pair,
+                            )
+                        )
+                    figures = (ours if side == "ours" else theirs)[-1]
+                    print(
+                        f"pair {pair + 1} {side:6s}: {figures[0]:.1f} tok/s, median TTFT {figures[1]:.1f} ms"
+                    )
     finally:
         server.stop()
-    ours_tput = figures.throughput_tokens_per_s or 0.0
-    ours_ttft = figures.get("ttft_p50_ms") or 0.0
-    rows = [
-        ("output tok/s", ours_tput, theirs["output_throughput"]),
-        ("median TTFT ms", ours_ttft, theirs["median_ttft_ms"]),
-        ("median TPOT ms", figures.get("tpot_p50_ms") or 0.0, theirs["median_tpot_ms"]),
-        ("completed", float(figures.completed), float(theirs["completed"])),
-        ("output tokens", float(figures.output_tokens), float(theirs["total_output_tokens"])),
-    ]
-    print(f"{args.group} {args.workload}-c{args.concurrency}: pytest-specsel vs vllm bench serve")
-    for name, a, b in rows:
-        diff = (a - b) / b * 100 if b else float("nan")
-        print(f"  {name:16s} {a:10.2f} {b:10.2f}  {diff:+.1f}%")
     print(
-        f"  acceptance rate (ours, Prometheus delta) {telemetry.acceptance_rate}, "
-        f"mean accepted length {telemetry.mean_accepted_length}"
+        f"{args.group} {args.workload}-c{args.concurrency}: ours / vllm bench serve over {args.rounds} pairs"
     )
-    block = [
-        ln
-        for ln in (args.out / "vllm_bench.stdout.txt").read_text().splitlines()
-        if "Acceptance" in ln or "acceptance" in ln or "Speculative" in ln
-    ]
-    print("  vllm bench serve says:\n    " + "\n    ".join(block))
+    for label, i in (("output tok/s", 0), ("median TTFT", 1)):
+        interval = paired_log_ratio_interval([o[i] for o in ours], [t[i] for t in theirs], 0.95)
+        print(f"  {label:14s} ratio {interval.describe() if interval else 'n/a (fewer than 2 pairs)'}")
     return 0
 
 

@@ -151,8 +151,10 @@ def main() -> int:
     n = args.studies
     print(f"{n} studies, policy {policy}, mean pairs {pairs_used / n:.2f}")
     for name in GATES:
-        print(f"  {name:20s} coverage {cover[name] / n:.3f}  decided {decided[name] / n:.3f}  "
-              f"wrong decisions {wrong[name]}")  # fmt: skip
+        print(
+            f"  {name:20s} coverage {cover[name] / n:.3f}  decided {decided[name] / n:.3f}  "
+            f"wrong decisions {wrong[name]}"
+        )
     for case, (d, total) in by_case.items():
         print(f"  truth {case}: throughput gate decided in {d}/{total}")
     return 0 if all(cover[name] / n >= 0.93 for name in GATES) else 1

@@ -73,6 +73,7 @@ def raw_arguments(study: Study, workload: Workload, scenario: Scenario) -> dict[
         },
         "concurrency": scenario.concurrency,
         "warmup": study.warmup,
+        "warmup_workload": str(study.warmup_workload),
         "repeats": study.repeats,
         "max_tokens": study.max_tokens,
         "temperature": study.temperature,

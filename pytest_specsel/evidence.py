@@ -26,9 +26,13 @@ FIXED_FIELDS = ("target_snapshot", "workload_key", "sampling_key")
 REQUIRED_METRICS = ("throughput_tokens_per_s", "ttft_p95_ms", "e2e_p95_ms", "peak_memory_mb")
 
 
-def build_pair_evidence(baseline: RunSummary, candidate: RunSummary) -> PairEvidence:
+def build_pair_evidence(
+    baseline: RunSummary, candidate: RunSummary, *, require_speculative: bool = True
+) -> PairEvidence:
     """Pair a baseline with a candidate for one scenario.
 
+    :param require_speculative: False only for an A/A calibration candidate (a second
+        target-only server), which has no speculative path to show.
     :return: the evidence; ratios are candidate / baseline and only set when comparable.
     """
     if not (baseline.run_status is RunStatus.COMPLETED and candidate.run_status is RunStatus.COMPLETED):
@@ -45,12 +49,12 @@ def build_pair_evidence(baseline: RunSummary, candidate: RunSummary) -> PairEvid
     for f in ("throughput_tokens_per_s", "ttft_p95_ms", "e2e_p95_ms"):
         if getattr(baseline, f) == 0:
             missing.append(f"nonzero_baseline_{f}")
-    if not (
+    if require_speculative and not (
         baseline.execution_path is ExecutionPath.TARGET_ONLY
         and candidate.execution_path is ExecutionPath.SPECULATIVE
     ):
         missing.append("speculative_execution_path")
-    if candidate.mechanism_active is not True:
+    if require_speculative and candidate.mechanism_active is not True:
         missing.append("observed_speculative_proposals")
     if mismatches:
         return PairEvidence(
@@ -78,7 +82,7 @@ def build_pair_evidence(baseline: RunSummary, candidate: RunSummary) -> PairEvid
         e2e_p95_ratio=candidate.e2e_p95_ms / baseline.e2e_p95_ms,
         candidate_peak_memory_mb=candidate.peak_memory_mb,
         quality_ok=candidate.quality_ok,
-        mechanism_active=True,
+        mechanism_active=candidate.mechanism_active,
     )
 
 

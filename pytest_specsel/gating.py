@@ -38,7 +38,7 @@ def backend_gate(candidate: Candidate, capability: Capability) -> tuple[bool, st
     name = f"{capability.backend} {capability.version}" if capability.version else capability.backend
     if capability.error:
         return False, capability.error
-    if candidate.is_baseline:
+    if candidate.target_only:
         return True, f"{name} serves the target"
     if not capability.has_speculative_config:
         return False, f"{name} has no speculative decoding interface"
@@ -80,7 +80,7 @@ def speculative_config(candidate: Candidate, assets: AssetFacts) -> SpeculativeC
     A paired checkpoint enters as the proposer; a target-native or asset-free proposer
     does not (the family's ``asset_kind`` says which).
     """
-    if candidate.is_baseline:
+    if candidate.target_only:
         return None
     paired = family_contract(candidate.family).asset_kind is AssetKind.PAIRED_CHECKPOINT
     return SpeculativeConfig(

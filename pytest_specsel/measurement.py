@@ -21,15 +21,27 @@ __all__ = [
     "NoiseFloor",
     "RequestRecord",
     "Round",
+    "ServerCounters",
     "noise_floor",
     "pool_rounds",
     "ScenarioFigures",
     "SpecCounters",
     "SpecTelemetry",
+    "TokenLogprob",
     "request_to_json",
     "scenario_figures",
     "telemetry_from_counters",
 ]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token with its log-probability and the server's top alternatives."""
+
+    token: str
+    logprob: float
+    #: (token, logprob) of the most likely tokens at this position, most likely first
+    top: tuple[tuple[str, float], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -51,6 +63,8 @@ class RequestRecord:
     token_ids: tuple[int, ...] | None = None
     finish_reason: str | None = None
     error: str | None = None
+    #: per generated token, when asked for (the parity pass only; never in timed rounds)
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
     @property
     def ok(self) -> bool:
@@ -90,6 +104,16 @@ class SpecCounters:
                 for i in range(positions)
             ),
         )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerCounters:
+    """Everything one read of a server's own counters gives: spec-decode counters (None
+    for a server that exports none) and its prefix cache's cumulative queries and hits."""
+
+    spec: SpecCounters | None
+    prefix_cache_queries: float | None = None
+    prefix_cache_hits: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -230,10 +254,24 @@ class Round:
     telemetry: SpecTelemetry | None
     memory: MemoryReading | None
     error: str | None = None
+    #: prefix-cache deltas over the window (tokens queried, tokens hit); None when unread
+    prefix_cache_queries: float | None = None
+    prefix_cache_hits: float | None = None
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """What may have shaped this round's figures besides the mechanism."""
+        found = []
+        if any(not r.ok for r in self.requests):
+            found.append("failed_requests")
+        if self.prefix_cache_hits:
+            found.append("prefix_cache_hits")
+        return tuple(found)
 
     def to_json(self) -> dict[str, Any]:
         data = to_json(self)
         data["requests"] = [request_to_json(r) for r in self.requests]
+        data["flags"] = list(self.flags)
         return data
 
 

@@ -6,6 +6,7 @@ baseline server beside it; then summarise, pair and write the scenario's raw fil
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from collections.abc import Mapping
@@ -27,6 +28,7 @@ from pytest_specsel.records import Pairing
 from pytest_specsel.records import Role
 from pytest_specsel.records import RunStatus
 from pytest_specsel.replay import measure_round
+from pytest_specsel.replay import parity_pass
 from pytest_specsel.replay import progress_line
 from pytest_specsel.replay import replay_spec
 from pytest_specsel.results import CandidateState
@@ -60,6 +62,8 @@ class ScenarioMeter:
         #: per server name: the scenario keys it will measure, for progress messages
         self.plan: dict[str, list[str]] = {}
         self.interrupted = False
+        #: the prompts warmup sends (set after preflight)
+        self.warmup: Workload | None = None
 
     def _announce(self, name: str, scenario: Scenario, what: str) -> None:
         plan = self.plan.get(name) or [
@@ -74,7 +78,7 @@ class ScenarioMeter:
 
     def _rounds_of(self, name: str, handle: ServerHandle, scenario: Scenario, role: Role) -> RoundRunner:
         """Runs a server's rounds of a scenario; only its first round warms up."""
-        spec = replay_spec(self.study, self._workloads[scenario.workload], handle, scenario)
+        spec = replay_spec(self.study, self._workloads[scenario.workload], handle, scenario, self.warmup)
 
         def run(index: int) -> tuple[Round, KeyboardInterrupt | None]:
             this = spec if index == 0 else dataclasses.replace(spec, warmup=0)
@@ -124,7 +128,15 @@ class ScenarioMeter:
             base_name, track, scenario, Role.BASELINE, list(run.baseline), self._states.get(base_name)
         )
         result = self._record(
-            name, track, scenario, Role.CANDIDATE, list(run.candidate), state, base, Pairing.INTERLEAVED
+            name,
+            track,
+            scenario,
+            Role.CANDIDATE,
+            list(run.candidate),
+            state,
+            base,
+            Pairing.INTERLEAVED,
+            (base_handle, handle),
         )
         return self._finish_measure(name, scenario, t0, result, run.interrupt)
 
@@ -179,20 +191,29 @@ class ScenarioMeter:
         state: CandidateState | None,
         baseline: ScenarioResult | None,
         pairing: Pairing,
+        servers: tuple[ServerHandle, ServerHandle] | None = None,
     ) -> ScenarioResult:
-        """Summarise, pair (a candidate), keep and write one scenario's result."""
+        """Summarise, pair (a candidate), keep and write one scenario's result. A parity
+        failure with both servers up gets a parity pass that tells a near-tie apart."""
         result = self._side(name, track, scenario, role, rounds, state)
         if role is Role.CANDIDATE:
             s = self.study
-            level = s.policy.look_level if pairing is Pairing.INTERLEAVED else s.policy.level
-            result = pair(
+            paired = functools.partial(
+                pair,
                 baseline,
                 result,
                 s.gates,
                 require_parity=s.require_exact_match_at_t0,
-                level=level,
+                level=s.policy.look_level if pairing is Pairing.INTERLEAVED else s.policy.level,
                 pairing=pairing,
+                calibration=state is not None and state.candidate.calibration,
+                strict_parity=s.strict_parity,
             )
+            result = paired()
+            if result.parity is not None and not result.parity.quality_ok and servers is not None:
+                spec = replay_spec(s, self._workloads[scenario.workload], servers[0], scenario)
+                keys = result.parity.differing_request_ids
+                result = paired(ties=parity_pass(self._bundle, spec, servers, keys, s.parity_epsilon))
         else:
             check = self_check(result.rounds) if self.study.baseline_self_check else None
             result = dataclasses.replace(result, self_check=check, noise_floor=noise_floor(result.rounds))

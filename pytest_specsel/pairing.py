@@ -21,7 +21,10 @@ from pytest_specsel.measurement import Round
 from pytest_specsel.measurement import noise_floor
 from pytest_specsel.measurement import pool_rounds
 from pytest_specsel.parity import ParityResult
+from pytest_specsel.parity import TieCheck
 from pytest_specsel.parity import compare_outputs
+from pytest_specsel.parity import with_ties
+from pytest_specsel.records import Decision
 from pytest_specsel.records import EvidenceStatus
 from pytest_specsel.records import ExecutionPath
 from pytest_specsel.records import PairEvidence
@@ -30,6 +33,7 @@ from pytest_specsel.records import Role
 from pytest_specsel.records import RunStatus
 from pytest_specsel.records import RunSummary
 from pytest_specsel.records import Thresholds
+from pytest_specsel.records import Verdict
 from pytest_specsel.results import ScenarioResult
 
 __all__ = ["pair", "request_parity", "round_figures", "rounds_parity", "run_summary", "self_check"]
@@ -142,6 +146,9 @@ def pair(
     require_parity: bool,
     level: float = 0.95,
     pairing: Pairing = Pairing.SEQUENTIAL,
+    calibration: bool = False,
+    ties: TieCheck | None = None,
+    strict_parity: bool = False,
 ) -> ScenarioResult:
     """The candidate's result with parity, intervals, evidence and decision against the
     baseline rounds it was paired with (``baseline.rounds``, pair i beside candidate round i)."""
@@ -151,22 +158,30 @@ def pair(
     if require_parity and candidate.run_status is RunStatus.COMPLETED:
         parity = rounds_parity(base_rounds, candidate.rounds)
         if parity is not None:
-            summary = dataclasses.replace(summary, quality_ok=parity.quality_ok)
-    evidence = build_pair_evidence(baseline.summary if baseline else RunSummary(None, Role.BASELINE), summary)
-    evidence = dataclasses.replace(
-        _with_intervals(evidence, base_rounds, candidate.rounds, level), pairing=pairing
-    )
+            parity = with_ties(parity, ties) if ties is not None else parity
+            # A near-tie is numerics, not the mechanism: it does not fail quality unless strict.
+            ok = parity.quality_ok or (parity.near_tie is True and not strict_parity)
+            summary = dataclasses.replace(summary, quality_ok=ok)
+    base_summary = baseline.summary if baseline else RunSummary(None, Role.BASELINE)
+    evidence = build_pair_evidence(base_summary, summary, require_speculative=not calibration)
+    flags = tuple(sorted({f for r in (*base_rounds, *candidate.rounds) for f in r.flags}))
+    evidence = _with_intervals(evidence, base_rounds, candidate.rounds, level)
+    evidence = dataclasses.replace(evidence, pairing=pairing, flags=flags)
     base_check = self_check(base_rounds)
     self_diverges = None
     if parity is not None and parity.first_divergence and base_check is not None:
         self_diverges = parity.first_divergence.request_id in base_check.differing_request_ids
+    decision = decide(evidence, gates)
+    if calibration and decision.verdict is Verdict.ACCEPT:
+        # An A/A run measures the method, not a mechanism: it is never adopted.
+        decision = Decision(Verdict.TUNE, "calibration_never_accepted", decision.gates)
     return dataclasses.replace(
         candidate,
         summary=summary,
         parity=parity,
         self_check=base_check,
         evidence=evidence,
-        decision=decide(evidence, gates),
+        decision=decision,
         pairing=pairing,
         baseline_self_diverges=self_diverges,
         baseline_rounds=tuple(base_rounds),

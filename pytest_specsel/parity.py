@@ -11,7 +11,24 @@ from collections import Counter
 from collections.abc import Mapping
 from collections.abc import Sequence
 
-__all__ = ["Divergence", "ParityResult", "compare_outputs", "first_divergence"]
+from pytest_specsel.measurement import TokenLogprob
+
+__all__ = [
+    "NEAR_TIE_EPSILON",
+    "Divergence",
+    "ParityResult",
+    "TieCheck",
+    "compare_outputs",
+    "first_divergence",
+    "tie_gap",
+    "with_ties",
+]
+
+#: a first differing token counts as a near-tie when the baseline's own log-probability of
+#: its token exceeds that of the candidate's token by at most this many nats. 0.1 covers
+#: bfloat16 logits (their spacing near a logit of 16 is 0.125) and is far below the gaps of
+#: a confident choice (several nats); set ``run.parity_epsilon`` to change it.
+NEAR_TIE_EPSILON = 0.1
 
 _CONTEXT_CHARS = 40
 
@@ -38,11 +55,20 @@ class ParityResult:
     #: request ids whose outputs differ, sorted
     differing_request_ids: tuple[str, ...] = ()
     first_divergence: Divergence | None = None
+    #: every divergence is a near-tie in the baseline's own distribution (None: not checked
+    #: or not resolved, e.g. it did not reproduce at concurrency 1)
+    near_tie: bool | None = None
+    #: the largest baseline log-probability gap among the checked divergences, in nats
+    logprob_gap: float | None = None
+    #: why the near-tie check is what it is
+    tie_detail: str | None = None
 
     def describe(self) -> str:
-        if self.quality_ok:
-            return f"{self.matched}/{self.total} outputs identical"
         text = f"{self.matched}/{self.total} outputs identical"
+        if self.near_tie is not None or self.tie_detail:
+            text += f" ({'near_tie' if self.near_tie else 'not a near-tie'}: {self.tie_detail})"
+        if self.quality_ok:
+            return text
         d = self.first_divergence
         if d is not None:
             token = f", token {d.token_index}" if d.token_index is not None else ""
@@ -118,3 +144,43 @@ def compare_outputs(
         differing_request_ids=tuple(differing),
         first_divergence=divergence,
     )
+
+
+def tie_gap(baseline: Sequence[TokenLogprob], candidate: Sequence[TokenLogprob], index: int) -> float | None:
+    """At a first differing token: the baseline's log-probability of its own token minus
+    that of the candidate's token; None when the candidate's token is not among the
+    baseline's top alternatives (far from a tie) or the index is past either output."""
+    if index >= len(baseline) or index >= len(candidate):
+        return None
+    alternative = dict(baseline[index].top).get(candidate[index].token)
+    return None if alternative is None else baseline[index].logprob - alternative
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TieCheck:
+    """The parity pass's verdict on each divergent request: its gap (None: not a tie
+    candidate) or why it could not be resolved."""
+
+    gaps: Mapping[str, float | None]
+    unresolved: Mapping[str, str]
+    epsilon: float = NEAR_TIE_EPSILON
+
+
+def with_ties(parity: ParityResult, check: TieCheck) -> ParityResult:
+    """A failed parity result with the near-tie verdict of its divergences."""
+    if parity.quality_ok:
+        return parity
+    if check.unresolved:
+        why = "; ".join(f"{rid}: {reason}" for rid, reason in sorted(check.unresolved.items()))
+        return dataclasses.replace(parity, near_tie=None, tie_detail=f"unresolved: {why}")
+    gaps = list(check.gaps.values())
+    known = [g for g in gaps if g is not None]
+    near = bool(gaps) and len(known) == len(gaps) and max(known) <= check.epsilon
+    largest = max(known) if known else None
+    if near:
+        detail = f"baseline log-prob gap {largest:.3f} <= {check.epsilon:g} nats"
+    elif len(known) < len(gaps):
+        detail = "the candidate's token is not among the baseline's top alternatives"
+    else:
+        detail = f"baseline log-prob gap {largest:.3f} > {check.epsilon:g} nats"
+    return dataclasses.replace(parity, near_tie=near, logprob_gap=largest, tie_detail=detail)

@@ -19,6 +19,7 @@ from pytest_specsel.results import CandidateState
 from pytest_specsel.study import Candidate
 from pytest_specsel.study import Study
 from pytest_specsel.workloads import Workload
+from pytest_specsel.workloads import WorkloadError
 from pytest_specsel.workloads import load_workload
 
 __all__ = ["Preflight", "admit_candidate", "run_preflight"]
@@ -28,6 +29,8 @@ __all__ = ["Preflight", "admit_candidate", "run_preflight"]
 class Preflight:
     capability: Capability
     workloads: Mapping[str, Workload]
+    #: what warmup sends (checked: no request id or prompt of it is measured)
+    warmup: Workload
     #: per candidate name, in the study's order
     states: Mapping[str, CandidateState]
 
@@ -62,5 +65,16 @@ def run_preflight(study: Study, bundle: BackendBundle, real: bool, dry_hint: str
     """Probe, load workloads (a bad one raises ``WorkloadError``), admit each candidate."""
     capability = bundle.prober.probe()
     workloads = {name: load_workload(name, path, study.num_prompts) for name, path in study.workloads.items()}
+    if not study.warmup:
+        warmup = Workload("warmup", "", "", ())
+    else:
+        warmup = load_workload("warmup", study.warmup_workload)
+    measured = {p.prompt for w in workloads.values() for p in w.prompts}
+    shared = [p.request_id for p in warmup.prompts if p.prompt in measured]
+    if shared:
+        raise WorkloadError(
+            f"specsel: warmup_workload {str(study.warmup_workload)!r}: {shared} also stand in a measured "
+            "workload; warmup prompts must not be measured (a prefix cache would serve them warm)"
+        )
     states = {c.name: admit_candidate(study, bundle, capability, c, real, dry_hint) for c in study.candidates}
-    return Preflight(capability, workloads, states)
+    return Preflight(capability, workloads, warmup, states)

@@ -7,7 +7,9 @@ round together with the interrupt, so the caller writes them before re-raising i
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from collections.abc import Sequence
 
 from pytest_specsel.backends.protocol import BackendBundle
 from pytest_specsel.backends.protocol import MemorySampler
@@ -17,19 +19,23 @@ from pytest_specsel.backends.protocol import ServerHandle
 from pytest_specsel.measurement import MemoryReading
 from pytest_specsel.measurement import RequestRecord
 from pytest_specsel.measurement import Round
-from pytest_specsel.measurement import SpecCounters
+from pytest_specsel.measurement import ServerCounters
 from pytest_specsel.measurement import SpecTelemetry
 from pytest_specsel.measurement import scenario_figures
 from pytest_specsel.measurement import telemetry_from_counters
+from pytest_specsel.parity import TieCheck
+from pytest_specsel.parity import tie_gap
 from pytest_specsel.records import Role
 from pytest_specsel.results import Scenario
 from pytest_specsel.study import Study
 from pytest_specsel.workloads import Workload
 
-__all__ = ["measure_round", "progress_line", "replay_spec"]
+__all__ = ["measure_round", "parity_pass", "progress_line", "replay_spec"]
 
 
-def replay_spec(study: Study, workload: Workload, handle: ServerHandle, scenario: Scenario) -> ReplaySpec:
+def replay_spec(
+    study: Study, workload: Workload, handle: ServerHandle, scenario: Scenario, warmup: Workload | None = None
+) -> ReplaySpec:
     """One round of ``scenario`` against ``handle``, as the study says to send it."""
     return ReplaySpec(
         handle.base_url,
@@ -41,6 +47,7 @@ def replay_spec(study: Study, workload: Workload, handle: ServerHandle, scenario
         study.max_tokens,
         study.temperature,
         study.backend.request_timeout_s,
+        warmup.prompts if warmup is not None else (),
     )
 
 
@@ -61,11 +68,11 @@ class _Window:
 
     def __init__(self, bundle: BackendBundle, handle: ServerHandle) -> None:
         self.bundle, self.handle = bundle, handle
-        self.before: SpecCounters | None = None
+        self.before: ServerCounters | None = None
         self.error: str | None = None
         self.sampler: MemorySampler | None = None
 
-    def _scrape(self) -> tuple[SpecCounters | None, str | None]:
+    def _scrape(self) -> tuple[ServerCounters | None, str | None]:
         try:
             return self.bundle.scraper.scrape(self.handle.base_url), None
         except Exception as exc:
@@ -76,13 +83,29 @@ class _Window:
         self.sampler = self.bundle.memory()
         self.sampler.start(self.handle)
 
-    def close(self) -> tuple[SpecTelemetry | None, MemoryReading | None]:
+    def close(self) -> tuple[SpecTelemetry | None, MemoryReading | None, tuple[float | None, float | None]]:
+        """Telemetry, memory and prefix-cache (queries, hits) deltas over the window."""
         if self.sampler is None:
-            return None, None
+            return None, None, (None, None)
         memory = self.sampler.stop()
         after, after_error = self._scrape()
         error = self.error or after_error
-        return telemetry_from_counters(self.before, after, self.bundle.telemetry_origin, error), memory
+        before_spec = self.before.spec if self.before else None
+        telemetry = telemetry_from_counters(
+            before_spec, after.spec if after else None, self.bundle.telemetry_origin, error
+        )
+        return telemetry, memory, _cache_delta(self.before, after)
+
+
+def _cache_delta(
+    before: ServerCounters | None, after: ServerCounters | None
+) -> tuple[float | None, float | None]:
+    def delta(field: str) -> float | None:
+        a = getattr(after, field) if after else None
+        b = getattr(before, field) if before else None
+        return a - b if a is not None and b is not None else None
+
+    return delta("prefix_cache_queries"), delta("prefix_cache_hits")
 
 
 def measure_round(
@@ -114,9 +137,57 @@ def measure_round(
         interrupt, requests, error = exc, tuple(sink), "interrupted"
     except Exception as exc:
         requests, error = tuple(sink), f"{type(exc).__name__}: {exc}"
-    telemetry, memory = meter.close()
+    telemetry, memory, (queries, hits) = meter.close()
     if error is None and any(not r.ok for r in requests):
         bad = [r for r in requests if not r.ok]
         error = f"{len(bad)} of {len(requests)} requests failed; first: {bad[0].error}"
     figures = scenario_figures(requests, duration) if requests and duration else None
-    return Round(role, index, requests, duration, figures, telemetry, memory, error), interrupt
+    return Round(role, index, requests, duration, figures, telemetry, memory, error, queries, hits), interrupt
+
+
+def parity_pass(
+    bundle: BackendBundle,
+    spec: ReplaySpec,
+    servers: tuple[ServerHandle, ServerHandle],
+    request_keys: Sequence[str],
+    epsilon: float,
+) -> TieCheck:
+    """The parity pass of a divergence: each divergent request once more, one at a time,
+    on the baseline's and the candidate's server, asking for top log-probabilities; at the
+    first differing token, the baseline's log-probability gap to the candidate's token.
+    Timed rounds never carry this payload.
+
+    :param request_keys: ``request_id#repeat`` keys of the divergent requests.
+    """
+    ids = list(dict.fromkeys(key.rsplit("#", 1)[0] for key in request_keys))[:3]
+    prompts = tuple(p for p in spec.prompts if p.request_id in ids)
+    ask = dataclasses.replace(spec, prompts=prompts, concurrency=1, warmup=0, repeats=1, top_logprobs=5)
+    answers = []
+    for handle in servers:
+        try:
+            run = bundle.client.run(dataclasses.replace(ask, base_url=handle.base_url))
+        except Exception as exc:  # the check is unresolved, the divergence still stands
+            return TieCheck(
+                {}, {rid: f"parity pass failed: {type(exc).__name__}: {exc}" for rid in ids}, epsilon
+            )
+        answers.append({r.request_id: r for r in run.requests})
+    gaps: dict[str, float | None] = {}
+    unresolved: dict[str, str] = {}
+    for rid in ids:
+        base, cand = answers[0].get(rid), answers[1].get(rid)
+        if base is None or cand is None or base.logprobs is None or cand.logprobs is None:
+            unresolved[rid] = "no log-probabilities returned"
+            continue
+        index = next(
+            (
+                i
+                for i, (b, c) in enumerate(zip(base.logprobs, cand.logprobs, strict=False))
+                if b.token != c.token
+            ),
+            None,
+        )
+        if index is None:
+            unresolved[rid] = "the outputs agree at concurrency 1: the divergence depends on batching"
+            continue
+        gaps[rid] = tie_gap(base.logprobs, cand.logprobs, index)
+    return TieCheck(gaps, unresolved, epsilon)

@@ -39,7 +39,7 @@ def _speedup(v: ScenarioView) -> str | None:
 
 #: (title, cell, format) per column; a cell of None prints as '-'
 _COLUMNS: tuple[tuple[str, Callable[[ScenarioView], Any], str], ...] = (
-    ("case", lambda v: f"{v.candidate}-{v.scenario}", "{}"),
+    ("case", lambda v: f"{v.candidate}-{v.scenario}" + (" *" if v.flags else ""), "{}"),
     ("status", lambda v: v.run_status.value, "{}"),
     ("speedup", _speedup, "{}"),
     ("ttft p95", lambda v: v.evidence.ttft_ratio if v.evidence else None, "{:.2f}"),
@@ -82,6 +82,10 @@ def write_summary(terminalreporter: Any, specsel: SpecselSession) -> None:
             terminalreporter.write_line(
                 f"{name}: {state.run_status.value}: {state.admission.reason.value}{detail}"
             )
+    if any(v.flags for v in specsel.views()):
+        terminalreporter.write_line(
+            "* flagged data: see each scenario view's flags (README 'Data-quality flags')"
+        )
     for name, path in specsel.files.items():
         terminalreporter.write_line(f"specsel {name}: {path}")
 

@@ -147,6 +147,8 @@ class ScenarioView:
     noise_floor: NoiseFloor | None = None
     #: a candidate's: the figures of the baseline rounds it was paired with
     baseline_figures: ScenarioFigures | None = None
+    #: data-quality flags of every round behind this view (README "Data-quality flags")
+    flags: tuple[str, ...] = ()
     evidence: PairEvidence | None = None
     decision: Decision | None = None
 
@@ -209,6 +211,7 @@ def view_of(result: ScenarioResult, root: Path) -> ScenarioView:
         baseline_self_diverges=result.baseline_self_diverges,
         noise_floor=result.noise_floor,
         baseline_figures=pool_rounds(result.baseline_rounds)[0] if result.baseline_rounds else None,
+        flags=tuple(sorted({f for r in (*result.rounds, *result.baseline_rounds) for f in r.flags})),
         evidence=result.evidence,
         decision=result.decision,
     )

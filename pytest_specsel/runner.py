@@ -115,6 +115,7 @@ class Selection:
         # In place: the meter reads the same dicts.
         self._capability = found.capability
         self._workloads.update(found.workloads)
+        self._meter.warmup = found.warmup
         self._states.update(found.states)
         self._timings["preflight_s"] = time.monotonic() - t0
 

@@ -31,6 +31,7 @@ from pytest_specsel.results import ScenarioView
 from pytest_specsel.runner import BaselineUnavailable
 from pytest_specsel.runner import Selection
 from pytest_specsel.study import Study
+from pytest_specsel.study import with_aa_calibration
 from pytest_specsel.study_file import StudyError
 from pytest_specsel.study_file import load_study
 from pytest_specsel.workloads import WorkloadError
@@ -83,7 +84,8 @@ class SpecselSession:
     def study(self) -> Study:
         if self._study is None:
             try:
-                self._study = load_study(self.settings.config, Path(self.config.rootpath))
+                study = load_study(self.settings.config, Path(self.config.rootpath))
+                self._study = with_aa_calibration(study) if self.settings.aa_calibration else study
             except StudyError as exc:
                 self.study_error = str(exc)
                 raise

@@ -23,7 +23,11 @@ __all__ = [
     "Backend",
     "Candidate",
     "Study",
+    "with_aa_calibration",
 ]
+
+#: the A/A calibration candidate's name
+AA_CANDIDATE = "aa_calibration"
 
 #: the fixed candidate identities, in launch order
 GROUPS = ("g0_target_only", "g1_ngram", "g2_mtp", "g3_eagle", "g4_dflash", "g5_dspark")
@@ -55,6 +59,8 @@ DEFAULTS: dict[str, Any] = {
         "general": "benchmarks/workloads/speculative_general.jsonl",
         "repetition": "benchmarks/workloads/speculative_repetition.jsonl",
     },
+    #: the prompts warmup sends: never measured, none of them in a measured workload
+    "warmup_workload": "benchmarks/workloads/speculative_warmup.jsonl",
     "run": {
         "concurrency": [1],
         "num_prompts": 8,
@@ -72,6 +78,11 @@ DEFAULTS: dict[str, Any] = {
         "adaptive": True,
         "scenario_budget_s": 0.0,
         "baseline_rounds": 2,
+        # A/A calibration: the baseline against a second target-only server, as a candidate.
+        "aa_calibration": False,
+        # Parity at a near-tie (parity.NEAR_TIE_EPSILON): reported, and a reject only if strict.
+        "parity_epsilon": 0.1,
+        "strict_parity": False,
     },
     "strategies": {
         "g0_target_only": {"enabled": True, "family": BASELINE_FAMILY},
@@ -114,9 +125,16 @@ class Candidate:
     target: str | None = None
     #: True for a G0-G5 identity, False for an extra candidate
     fixed: bool = True
+    #: an A/A calibration candidate: a second target-only server measured as a candidate
+    calibration: bool = False
 
     @property
     def is_baseline(self) -> bool:
+        """The track's target-only baseline (G0), not a calibration copy of it."""
+        return self.family == BASELINE_FAMILY and not self.calibration
+
+    @property
+    def target_only(self) -> bool:
         return self.family == BASELINE_FAMILY
 
     @property
@@ -152,6 +170,7 @@ class Study:
     served_name: str
     backend: Backend
     workloads: Mapping[str, Path]
+    warmup_workload: Path
     concurrency: tuple[int, ...]
     num_prompts: int
     warmup: int
@@ -165,6 +184,10 @@ class Study:
     policy: RoundPolicy
     #: rounds of the baseline's own scenarios (its A/A spread and self-check)
     baseline_rounds: int
+    #: nats: a first differing token this close to the baseline's choice is a near-tie
+    parity_epsilon: float
+    #: a near-tie divergence fails quality too
+    strict_parity: bool
     #: G0-G5 in slot order, then the extra candidates in file order: the launch order
     candidates: tuple[Candidate, ...]
     gates: Thresholds
@@ -186,3 +209,20 @@ class Study:
         data["workloads"] = {k: str(v) for k, v in self.workloads.items()}
         data["sampling_key"] = self.sampling_key
         return data
+
+
+def with_aa_calibration(study: Study) -> Study:
+    """The study with its A/A calibration candidate (once): a second target-only server
+    measured and decided like a candidate, exempt from the speculative-path evidence and
+    never accepted."""
+    if any(c.calibration for c in study.candidates):
+        return study
+    aa = Candidate(
+        AA_CANDIDATE,
+        True,
+        BASELINE_FAMILY,
+        num_speculative_tokens=study.num_speculative_tokens,
+        fixed=False,
+        calibration=True,
+    )
+    return dataclasses.replace(study, candidates=(*study.candidates, aa))

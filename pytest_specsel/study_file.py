@@ -26,6 +26,7 @@ from pytest_specsel.study import GROUPS
 from pytest_specsel.study import Backend
 from pytest_specsel.study import Candidate
 from pytest_specsel.study import Study
+from pytest_specsel.study import with_aa_calibration
 
 __all__ = ["StudyError", "load_study", "study_from_mapping"]
 
@@ -124,6 +125,11 @@ def _local(ref: str, base_dir: Path) -> str:
     if not path.is_absolute() and (base_dir / path).is_dir():
         return str((base_dir / path).resolve())
     return ref
+
+
+def _path(text: str, base_dir: Path) -> Path:
+    path = Path(text).expanduser()
+    return path if path.is_absolute() else base_dir / path
 
 
 def _check_shape(table: Mapping[str, Any], loc: _Locator) -> None:
@@ -230,6 +236,11 @@ def _run(r: Mapping[str, Any], loc: _Locator) -> dict[str, Any]:
         _typed(r["baseline_rounds"], int, "run.baseline_rounds", loc), "run.baseline_rounds", loc
     )
     out["policy"] = _policy(r, loc)
+    out["aa_calibration"] = _typed(r["aa_calibration"], bool, "run.aa_calibration", loc)
+    out["strict_parity"] = _typed(r["strict_parity"], bool, "run.strict_parity", loc)
+    out["parity_epsilon"] = _typed(r["parity_epsilon"], float, "run.parity_epsilon", loc)
+    if out["parity_epsilon"] < 0:
+        raise loc.error("run.parity_epsilon", f"{out['parity_epsilon']!r} must be >= 0 (nats)")
     return out
 
 
@@ -335,21 +346,24 @@ def study_from_mapping(
     k = run["num_speculative_tokens"]
     candidates = [_candidate(g, data["strategies"].get(g) or {}, True, k, loc, base_dir) for g in GROUPS]
     candidates += [_candidate(n, c, False, k, loc, base_dir) for n, c in data["candidates"].items()]
-    results = Path(_typed(data["results_dir"], str, "results_dir", loc))
-    return Study(
+    results = _path(_typed(data["results_dir"], str, "results_dir", loc), base_dir)
+    aa = run.pop("aa_calibration")
+    study = Study(
         source=source,
         run_label=label,
-        results_dir=results if results.is_absolute() else base_dir / results,
+        results_dir=results,
         target_model=model,
         model_source=t["source"],
         model_cache=_typed(t["cache"], str, "target.cache", loc),
         served_name=_typed(t["served_name"], str, "target.served_name", loc) or model,
         backend=_backend(data["backend"], loc),
         workloads=_workloads(data["workloads"], base_dir, loc),
+        warmup_workload=_path(_typed(data["warmup_workload"], str, "warmup_workload", loc), base_dir),
         candidates=tuple(candidates),
         gates=_gates(data["gates"], loc),
         **run,
     )
+    return with_aa_calibration(study) if aa else study
 
 
 def load_study(path: Path | None, rootdir: Path) -> Study:

@@ -434,3 +434,17 @@ def test_group_members_asks_psutil_for_the_processes(monkeypatch):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_prefix_cache_counters_are_read_beside_the_spec_counters():
+    from pytest_specsel.backends.telemetry import parse_server_counters
+
+    page = (
+        "# TYPE vllm:prefix_cache_queries counter\n"
+        'vllm:prefix_cache_queries_total{engine="0"} 120.0\n'
+        'vllm:prefix_cache_queries_created{engine="0"} 1.7e9\n'
+        "# TYPE vllm:prefix_cache_hits counter\n"
+        'vllm:prefix_cache_hits_total{engine="0"} 16.0\n'
+    )
+    counters = parse_server_counters(page)
+    assert (counters.spec, counters.prefix_cache_queries, counters.prefix_cache_hits) == (None, 120.0, 16.0)

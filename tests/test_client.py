@@ -207,3 +207,14 @@ class TestRun:
         run = run_client(client, prompts, concurrency=3)
         assert len(run.requests) == 8 and all(r.ok for r in run.requests)
         assert peak == 3
+
+
+def test_warmup_sends_the_warmup_prompts_never_the_measured_ones():
+    seen = []
+    client = HttpBenchClient(transport=transport(sse(content("x"), usage(1)), seen=seen))
+    measured = [Prompt("m1", "measured one")]
+    spec = ReplaySpec(
+        "http://x", "m", tuple(measured), 1, 3, 1, 8, 0.0, 5, (Prompt("w1", "warm a"), Prompt("w2", "warm b"))
+    )
+    client.run(spec)
+    assert [s["messages"][0]["content"] for s in seen] == ["warm a", "warm b", "warm a", "measured one"]

@@ -113,3 +113,48 @@ def test_paired_intervals_cover_the_truth_in_a_small_simulation():
         ]
         covered += paired_intervals(cand, base, 0.95).throughput_speedup.contains(0.8)
     assert 0.92 <= covered / studies <= 0.98
+
+
+def _arm(role, throughputs, order):
+    from pytest_specsel.measurement import Round
+    from pytest_specsel.measurement import ScenarioFigures
+
+    def run(index):
+        order.append(role.value[0])
+        t = throughputs[index % len(throughputs)]
+        figures = ScenarioFigures(
+            8, 0, 1.0, 64, t, 8.0, {"ttft_p95_ms": 50.0, "e2e_p95_ms": 500.0 * 20 / t}, "m"
+        )
+        return Round(role, index, (), 1.0, figures, None, None), None
+
+    return run
+
+
+class TestRunPairs:
+    def test_rounds_alternate_abba_and_a_clear_loss_stops_at_the_first_look(self):
+        from pytest_specsel.interleave import run_pairs
+        from pytest_specsel.records import Role
+        from pytest_specsel.records import Thresholds
+
+        order = []
+        run = run_pairs(
+            _arm(Role.BASELINE, [20.0, 21.0, 19.5], order),
+            _arm(Role.CANDIDATE, [14.0, 14.5, 13.8], order),
+            RoundPolicy(min_pairs=3, max_pairs=6),
+            Thresholds(),
+        )
+        assert "".join(order) == "bccbbc" and len(run.candidate) == 3
+
+    def test_an_open_verdict_adds_pairs_up_to_the_most(self):
+        from pytest_specsel.interleave import run_pairs
+        from pytest_specsel.records import Role
+        from pytest_specsel.records import Thresholds
+
+        order = []
+        run = run_pairs(
+            _arm(Role.BASELINE, [20.0, 24.0, 17.0, 22.0], order),
+            _arm(Role.CANDIDATE, [24.0, 22.0, 23.0, 21.0], order),
+            RoundPolicy(min_pairs=3, max_pairs=5),
+            Thresholds(),
+        )
+        assert len(run.candidate) == len(run.baseline) == 5 and "".join(order) == "bccbbccbbc"

@@ -43,8 +43,15 @@ def result(role, e2e_ms=100.0, texts=("a", "b"), speculative=False, self_check=N
         telemetry = telemetry_from_counters(SpecCounters(0, 0, 0), SpecCounters(10, 30, 15), "test")
     else:
         telemetry = telemetry_from_counters(None, None, "test")
-    measured = Round(role, 0, reqs, e2e_ms / 1000, scenario_figures(reqs, e2e_ms / 1000), telemetry,
-                     MemoryReading(900.0, "test", 3))  # fmt: skip
+    measured = Round(
+        role,
+        0,
+        reqs,
+        e2e_ms / 1000,
+        scenario_figures(reqs, e2e_ms / 1000),
+        telemetry,
+        MemoryReading(900.0, "test", 3),
+    )
     summary = run_summary(
         role, RunStatus.COMPLETED, [measured], target_snapshot="t1", workload_key="w1", sampling_key="s1"
     )
@@ -57,15 +64,23 @@ def result(role, e2e_ms=100.0, texts=("a", "b"), speculative=False, self_check=N
 
 class TestPairing:
     def test_a_faster_identical_candidate_is_accepted_with_its_ratios(self):
-        paired = pair(result(Role.BASELINE, 100.0), result(Role.CANDIDATE, 50.0, speculative=True), Thresholds(),
-                      require_parity=True)  # fmt: skip
+        paired = pair(
+            result(Role.BASELINE, 100.0),
+            result(Role.CANDIDATE, 50.0, speculative=True),
+            Thresholds(),
+            require_parity=True,
+        )
         assert paired.decision.verdict.value == "accept"
         assert paired.evidence.throughput_speedup == pytest.approx(2.0)
         assert paired.parity.quality_ok and paired.pairing is Pairing.SEQUENTIAL
 
     def test_a_divergent_candidate_is_rejected_whatever_its_speed(self):
-        paired = pair(result(Role.BASELINE), result(Role.CANDIDATE, 50.0, ("a", "x"), speculative=True),
-                      Thresholds(), require_parity=True)  # fmt: skip
+        paired = pair(
+            result(Role.BASELINE),
+            result(Role.CANDIDATE, 50.0, ("a", "x"), speculative=True),
+            Thresholds(),
+            require_parity=True,
+        )
         assert paired.decision.verdict.value == "reject"
         assert paired.parity.first_divergence.request_id == "q1#0"
         assert paired.baseline_self_diverges is None

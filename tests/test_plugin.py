@@ -115,10 +115,11 @@ class TestOutcomes:
         )
 
     def test_warmup_drafts_stay_out_of_the_telemetry_window(self, project):
-        p = project(
-            "{'g1_ngram': FakeScript(token_s=0.005, acceptance=0.6)}",
-            study=STUDY.replace("warmup = 0", "warmup = 2"),
+        study = STUDY.replace("warmup = 0", "warmup = 2").replace(
+            'results_dir = "results"', 'results_dir = "results"\nwarmup_workload = "warm.jsonl"'
         )
+        p = project("{'g1_ngram': FakeScript(token_s=0.005, acceptance=0.6)}", study=study)
+        p.makefile(".jsonl", warm=json.dumps({"request_id": "w1", "prompt": "warm up"}))
         p.runpytest("--specsel-cpu", "--specsel-label", "wu", "-k", "ngram and general-c1")
         raw = json.loads((p.path / "results" / "wu" / "raw" / "g1_ngram__general-c1.json").read_text())
         # Warmup drafts (500 proposed, none accepted) would pull the rate below 0.6.
@@ -503,3 +504,84 @@ class TestRounds:
             ["*tune: performance gate(s) missed: throughput_speedup 0.5*x [[]*[]] (needs >= 1.1): failed*"]
         )
         assert _handoff(p, "loss")["candidates"]["g1_ngram"]["scenarios"]["general-c1"]["rounds"] == 3
+
+    def test_aa_calibration_is_decided_like_a_candidate_never_accepted_and_needs_no_speculative_path(
+        self, project
+    ):
+        p = project("{'aa_calibration': FakeScript(round_factors=[1.0, 1.02, 0.98])}")
+        result = p.runpytest(
+            "--specsel-cpu", "--specsel-aa-calibration", "--specsel-label", "aa", "-k", "g0 or aa_cal"
+        )
+        result.assert_outcomes(passed=4, xfailed=4, deselected=20)
+        handoff = _handoff(p, "aa")
+        aa = handoff["candidates"]["aa_calibration"]
+        assert aa["family"] == "baseline" and aa["speculative_config"] is None
+        for scenario in aa["scenarios"].values():
+            evidence = scenario["evidence"]
+            assert evidence["status"] == "comparable" and evidence["pairing"] == "interleaved"
+            assert (
+                evidence["throughput_speedup_interval"]["low"]
+                <= 1.0
+                <= evidence["throughput_speedup_interval"]["high"]
+            )
+            assert scenario["decision"]["verdict"] == "tune"
+        events = (p.path / "events.txt").read_text().splitlines()
+        assert events[:2] == ["start g0_target_only", "start aa_calibration"]
+
+    def test_prefix_cache_hits_flag_the_scenario_and_mark_its_row(self, project):
+        p = project("{'g1_ngram': FakeScript(token_s=0.005, prefix_hits=64.0)}")
+        result = p.runpytest_subprocess(
+            "--specsel-cpu", "--specsel-label", "pc", "-k", "ngram and general-c1"
+        )
+        result.stdout.fnmatch_lines(["g1_ngram-general-c1 \\**accept", "*flagged data*"])
+        scenario = _handoff(p, "pc")["candidates"]["g1_ngram"]["scenarios"]["general-c1"]
+        assert scenario["flags"] == ["prefix_cache_hits"] and scenario["evidence"]["flags"] == [
+            "prefix_cache_hits"
+        ]
+        raw = json.loads((p.path / "results" / "pc" / "raw" / "g1_ngram__general-c1.json").read_text())
+        assert (
+            raw["rounds"][0]["prefix_cache_hits"] == 64.0
+            and raw["baseline_rounds"][0]["prefix_cache_hits"] == 0.0
+        )
+
+    def test_warmup_prompts_that_are_also_measured_are_refused(self, project):
+        study = STUDY.replace("warmup = 0", "warmup = 2").replace(
+            'results_dir = "results"', 'results_dir = "results"\nwarmup_workload = "warm.jsonl"'
+        )
+        p = project(study=study)
+        p.makefile(".jsonl", warm=json.dumps({"request_id": "w1", "prompt": "p0"}))
+        result = p.runpytest("--specsel-cpu", "--specsel-label", "wp")
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines(["*warmup_workload*['w1'] also stand in a measured workload*"])
+
+    def test_a_divergence_at_a_near_tie_is_reported_and_does_not_reject(self, project):
+        p = project(
+            "{'g0_target_only': FakeScript(tie_gap=0.02), 'g1_ngram': FakeScript(token_s=0.005, diverge=['gen-1'])}"
+        )
+        result = p.runpytest("--specsel-cpu", "--specsel-label", "tie", "-k", "ngram and general-c1")
+        result.assert_outcomes(passed=1, deselected=23)
+        parity = _handoff(p, "tie")["candidates"]["g1_ngram"]["scenarios"]["general-c1"]["parity"]
+        assert parity["quality_ok"] is False and parity["near_tie"] is True
+        assert parity["logprob_gap"] == pytest.approx(0.02) and "<= 0.1 nats" in parity["tie_detail"]
+
+    def test_a_divergence_far_from_a_tie_still_rejects_naming_the_gap(self, project):
+        p = project(
+            "{'g0_target_only': FakeScript(tie_gap=2.5), 'g1_ngram': FakeScript(token_s=0.005, diverge=['gen-1'])}"
+        )
+        result = p.runpytest("--specsel-cpu", "--specsel-label", "far", "-k", "ngram and general-c1")
+        result.assert_outcomes(failed=1, deselected=23)
+        result.stdout.fnmatch_lines(
+            [
+                "*reject: parity failed: 1/2 outputs identical (not a near-tie: baseline log-prob gap 2.500 > 0.1 nats)*"
+            ]
+        )
+
+    def test_strict_parity_rejects_a_near_tie_too(self, project):
+        study = STUDY + "strict_parity = true\n"
+        p = project(
+            "{'g0_target_only': FakeScript(tie_gap=0.02), 'g1_ngram': FakeScript(token_s=0.005, diverge=['gen-1'])}",
+            study=study,
+        )
+        result = p.runpytest("--specsel-cpu", "--specsel-label", "st", "-k", "ngram and general-c1")
+        result.assert_outcomes(failed=1, deselected=23)
+        result.stdout.fnmatch_lines(["*reject: parity failed: 1/2 outputs identical (near_tie: *"])

@@ -40,6 +40,25 @@ def test_the_repos_cpu_study_loads_and_its_workloads_validate():
         assert len(workload.prompts) == 8
 
 
+@pytest.mark.parametrize(
+    "config", [None, *sorted((REPO / "benchmarks" / "profiles").glob("*.toml"))], ids=str
+)
+def test_every_shipped_study_names_files_that_exist(config):
+    study = load_study(config, REPO)
+    for name, path in study.workloads.items():
+        load_workload(name, path, study.num_prompts)
+    warmup = load_workload("warmup", study.warmup_workload)
+    measured = {p.prompt for n, path in study.workloads.items() for p in load_workload(n, path).prompts}
+    assert not measured & {p.prompt for p in warmup.prompts}
+
+
+def test_round_keys_become_the_round_policy(tmp_path):
+    write(tmp_path, "[specsel.run]\nrounds = 2\nmax_rounds = 4\nconfidence = 0.9\nscenario_budget_s = 120\n")
+    policy = load_study(None, tmp_path).policy
+    assert (policy.min_pairs, policy.max_pairs, policy.level, policy.budget_s) == (2, 4, 0.9, 120.0)
+    assert policy.looks == 3
+
+
 def test_pyproject_tool_table_is_read(tmp_path):
     write(
         tmp_path,
@@ -105,6 +124,9 @@ def test_a_strategy_override_keeps_the_other_defaults(tmp_path):
             "is family 'dflash', but g3_eagle is the 'eagle' slot",
         ),
         ('[specsel.strategies.g2_mtp]\nfamily = "medusa"\n', 2, "unknown speculative family 'medusa'"),
+        ("[specsel.run]\nrounds = 4\nmax_rounds = 3\n", 3, "run.max_rounds: 3 must be >= run.rounds (4)"),
+        ("[specsel.run]\nconfidence = 1.0\n", 2, "run.confidence: 1.0 must lie in [0.5, 1)"),
+        ('[specsel.candidates.G7]\nfamily = "ngram"\n', 1, "must use a-z, 0-9 and '_'"),
     ],
 )
 def test_audit_errors_name_file_line_key_and_form(tmp_path, body, line, needle):

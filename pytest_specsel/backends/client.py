@@ -22,6 +22,7 @@ from pytest_specsel.backends.protocol import ReplayHooks
 from pytest_specsel.backends.protocol import ReplaySpec
 from pytest_specsel.backends.protocol import WarmupError
 from pytest_specsel.measurement import RequestRecord
+from pytest_specsel.measurement import TokenLogprob
 from pytest_specsel.workloads import Prompt
 
 __all__ = ["HttpBenchClient", "stream_one"]
@@ -29,8 +30,11 @@ __all__ = ["HttpBenchClient", "stream_one"]
 Clock = Callable[[], float]
 
 
-def _payload(model: str, prompt: Prompt, max_tokens: int, temperature: float) -> dict[str, Any]:
-    return {
+def _payload(
+    model: str, prompt: Prompt, max_tokens: int, temperature: float, top_logprobs: int | None = None
+) -> dict[str, Any]:
+    extra: dict[str, Any] = {"logprobs": True, "top_logprobs": top_logprobs} if top_logprobs else {}
+    return extra | {
         "model": model,
         "messages": [{"role": "user", "content": prompt.prompt}],
         "max_tokens": prompt.max_tokens or max_tokens,
@@ -40,6 +44,17 @@ def _payload(model: str, prompt: Prompt, max_tokens: int, temperature: float) ->
         # vLLM returns the generated ids per chunk, so parity can name a token index.
         "return_token_ids": True,
     }
+
+
+def _token_logprobs(data: Any) -> list[TokenLogprob]:
+    """The OpenAI ``logprobs.content`` entries of one chunk."""
+    if not isinstance(data, dict):
+        return []
+    out = []
+    for entry in data.get("content") or ():
+        top = tuple((str(t["token"]), float(t["logprob"])) for t in entry.get("top_logprobs") or ())
+        out.append(TokenLogprob(str(entry["token"]), float(entry["logprob"]), top))
+    return out
 
 
 async def stream_one(
@@ -65,6 +80,7 @@ async def stream_one(
     itl: list[float] = []
     text: list[str] = []
     token_ids: list[int] = []
+    logprobs: list[TokenLogprob] = []
     got_ids = False
     usage: dict[str, Any] = {}
     finish: str | None = None
@@ -84,6 +100,7 @@ async def stream_one(
             prompt_tokens=usage.get("prompt_tokens"),
             output_tokens=usage.get("completion_tokens"),
             token_ids=tuple(token_ids) if got_ids else None,
+            logprobs=tuple(logprobs) if logprobs else None,
             finish_reason=finish,
             error=err,
         )
@@ -106,6 +123,7 @@ async def stream_one(
                     last_event = clock()
                 for choice in chunk.get("choices") or ():
                     delta = (choice.get("delta") or {}).get("content") or ""
+                    logprobs.extend(_token_logprobs(choice.get("logprobs")))
                     ids = choice.get("token_ids")
                     if ids is not None:
                         got_ids = True
@@ -152,8 +170,9 @@ class HttpBenchClient:
     async def _warmup(self, client: httpx.AsyncClient, url: str, spec: ReplaySpec) -> None:
         """Sequential, not measured; cycling is fine here, nothing is counted."""
         errors = []
+        warm = spec.warmup_prompts or spec.prompts
         for i in range(spec.warmup):
-            p = spec.prompts[i % len(spec.prompts)]
+            p = warm[i % len(warm)]
             payload = _payload(spec.model, p, spec.max_tokens, spec.temperature)
             r = await stream_one(client, url, payload, p, -1, self._clock(), self._clock)
             if not r.ok:
@@ -179,7 +198,7 @@ class HttpBenchClient:
 
             async def one(rep: int, p: Prompt) -> None:
                 nonlocal done
-                payload = _payload(spec.model, p, spec.max_tokens, spec.temperature)
+                payload = _payload(spec.model, p, spec.max_tokens, spec.temperature, spec.top_logprobs)
                 async with gate:
                     r = await stream_one(client, url, payload, p, rep, start, self._clock, sink)
                 sink.append(r)

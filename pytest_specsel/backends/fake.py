@@ -26,7 +26,9 @@ from pytest_specsel.families import BASELINE_FAMILY
 from pytest_specsel.families import family_contract
 from pytest_specsel.measurement import MemoryReading
 from pytest_specsel.measurement import RequestRecord
+from pytest_specsel.measurement import ServerCounters
 from pytest_specsel.measurement import SpecCounters
+from pytest_specsel.measurement import TokenLogprob
 from pytest_specsel.records import AssetKind
 from pytest_specsel.records import Device
 from pytest_specsel.records import SpeculativeConfig
@@ -56,6 +58,11 @@ class FakeScript:
     interrupt_at_run: int | None = None
     #: per client run (cycled): a factor on that round's duration and latencies (noise)
     round_factors: Sequence[float] = ()
+    #: prefix-cache tokens hit per client run (a server that serves prompts from its cache)
+    prefix_hits: float = 0.0
+    #: with log-probabilities asked for: this server ranks the divergent token " (changed)"
+    #: this many nats below its own choice (None: not among its top alternatives)
+    tie_gap: float | None = None
 
 
 class _Handle:
@@ -68,6 +75,7 @@ class _Handle:
         self.speculative = speculative
         self.stopped = False
         self.counters = SpecCounters(0.0, 0.0, 0.0, ())
+        self.cache_hits = 0.0
 
     def pids(self) -> list[int]:
         return []
@@ -174,6 +182,7 @@ class _Client:
             raise KeyboardInterrupt
         if hooks.sink is not None:
             hooks.sink.extend(records)
+        handle.cache_hits += script.prefix_hits
         if counting:
             assert script.acceptance is not None
             drafts = float(len(records) * 4)
@@ -209,20 +218,33 @@ class _Client:
                         10,
                         n,
                         error="fake request failure" if script.request_fails else None,
+                        logprobs=_logprobs(text, script.tie_gap) if spec.top_logprobs else None,
                     )
                 )
         return records
+
+
+def _logprobs(text: str, tie_gap: float | None) -> tuple[TokenLogprob, ...]:
+    """Words as tokens, then an end token; each with its top alternatives."""
+    out = []
+    for token in [*text.split(" "), "<eos>"]:
+        top = [(token, -0.01)]
+        if tie_gap is not None and token != "(changed)":
+            top.append(("(changed)", -0.01 - tie_gap))
+        out.append(TokenLogprob(token, -0.01, tuple(top)))
+    return tuple(out)
 
 
 class _Scraper:
     def __init__(self, world: _World) -> None:
         self.world = world
 
-    def scrape(self, base_url: str) -> SpecCounters | None:
+    def scrape(self, base_url: str) -> ServerCounters:
         handle = self.world.handles[base_url.removeprefix("fake://")]
+        spec: SpecCounters | None = handle.counters
         if not handle.speculative or self.world.script(handle.group).acceptance is None:
-            return None
-        return handle.counters
+            spec = None
+        return ServerCounters(spec, 1000.0 + handle.cache_hits, handle.cache_hits)
 
 
 class _Memory:

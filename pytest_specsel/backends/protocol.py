@@ -14,7 +14,7 @@ from typing import Protocol
 
 from pytest_specsel.measurement import MemoryReading
 from pytest_specsel.measurement import RequestRecord
-from pytest_specsel.measurement import SpecCounters
+from pytest_specsel.measurement import ServerCounters
 from pytest_specsel.records import Device
 from pytest_specsel.records import SpeculativeConfig
 from pytest_specsel.study import Backend
@@ -150,6 +150,11 @@ class ReplaySpec:
     max_tokens: int
     temperature: float
     timeout_s: float
+    #: what warmup sends (cycled): prompts of their own, never the measured ones, so a
+    #: server with prefix caching cannot serve the measured prompts from its cache
+    warmup_prompts: tuple[Prompt, ...] = ()
+    #: ask for this many top log-probabilities per token (a parity pass; None in timed rounds)
+    top_logprobs: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -171,7 +176,7 @@ class BenchClient(Protocol):
 
 
 class MetricsScraper(Protocol):
-    def scrape(self, base_url: str) -> SpecCounters | None: ...
+    def scrape(self, base_url: str) -> ServerCounters: ...
 
 
 class MemorySampler(Protocol):

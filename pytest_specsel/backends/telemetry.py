@@ -18,9 +18,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pytest_specsel.backends.protocol import ServerHandle
 from pytest_specsel.measurement import MemoryReading
+from pytest_specsel.measurement import ServerCounters
 from pytest_specsel.measurement import SpecCounters
 
 __all__ = [
+    "parse_server_counters",
     "NvmlMemorySampler",
     "PrometheusScraper",
     "ProcessTreeRssSampler",
@@ -69,6 +71,21 @@ def parse_spec_counters(text: str) -> SpecCounters | None:
     return SpecCounters(totals["drafts"], totals["draft_tokens"], totals["accepted_tokens"], positions)
 
 
+_PREFIX_CACHE = {"vllm:prefix_cache_queries": "queries", "vllm:prefix_cache_hits": "hits"}
+
+
+def parse_server_counters(text: str) -> ServerCounters:
+    """Spec-decode counters and the prefix cache's queries and hits (summed over engines;
+    None where the page has no such series)."""
+    cache: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = _PREFIX_CACHE.get(sample.name.removesuffix("_total"))
+            if key is not None and not sample.name.endswith("_created"):
+                cache[key] = cache.get(key, 0.0) + sample.value
+    return ServerCounters(parse_spec_counters(text), cache.get("queries"), cache.get("hits"))
+
+
 class PrometheusScraper:
     """:class:`~pytest_specsel.backends.protocol.MetricsScraper` for vLLM's ``/metrics``."""
 
@@ -76,11 +93,11 @@ class PrometheusScraper:
         self._timeout = timeout_s
         self._transport = transport
 
-    def scrape(self, base_url: str) -> SpecCounters | None:
+    def scrape(self, base_url: str) -> ServerCounters:
         with httpx.Client(timeout=self._timeout, transport=self._transport) as client:
             response = client.get(base_url.rstrip("/") + "/metrics")
             response.raise_for_status()
-            return parse_spec_counters(response.text)
+            return parse_server_counters(response.text)
 
 
 class _Sampler:

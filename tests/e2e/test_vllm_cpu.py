@@ -43,6 +43,7 @@ def test_the_plugin_measures_g0_and_g1_for_real(pytester):
         specsel=f"""
 [specsel]
 results_dir = "results"
+warmup_workload = "workloads/speculative_warmup.jsonl"
 [specsel.target]
 model = "{BUNDLED_REPO_ID}"
 served_name = "smol"
@@ -57,6 +58,8 @@ concurrency = [1]
 num_prompts = 4
 warmup = 1
 max_tokens = 48
+rounds = 2
+max_rounds = 2
 """,
     )
     result = pytester.runpytest_subprocess(
@@ -108,6 +111,10 @@ max_tokens = 48
     assert 0 < tele["acceptance_rate"] <= 1 and tele["mean_accepted_length"] > 1
 
     raw = json.loads((root / "raw" / "g1_ngram__repetition-c1.json").read_text())
+    # Two ABBA pairs against the baseline server, which stayed up beside G1's.
+    assert [len(raw["rounds"]), len(raw["baseline_rounds"])] == [2, 2]
+    assert raw["scenario"]["evidence"]["pairing"] == "interleaved"
+    assert raw["scenario"]["evidence"]["throughput_speedup_interval"]["pairs"] == 2
     requests = raw["rounds"][0]["requests"]
     assert len(requests) == 4 and all(r["ok"] for r in requests)
     for r in requests:
