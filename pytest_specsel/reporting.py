@@ -25,16 +25,12 @@ def _parity(v: ScenarioView) -> str | None:
 
 
 def _speedup(v: ScenarioView) -> str | None:
-    """``1.21x [1.12, 1.31]`` with an interval, ``1.21x`` without; ``*`` marks flagged data."""
+    """``1.21x [1.12, 1.31]`` with an interval, ``1.21x`` without."""
     ev = v.evidence
     if ev is None or ev.throughput_speedup is None:
         return None
-    cell = (
-        ev.throughput_speedup_interval.describe()
-        if ev.throughput_speedup_interval
-        else f"{ev.throughput_speedup:.2f}x"
-    )
-    return cell + (" *" if ev.flags else "")
+    interval = ev.throughput_speedup_interval
+    return interval.describe() if interval else f"{ev.throughput_speedup:.2f}x"
 
 
 #: (title, cell, format) per column; a cell of None prints as '-'

@@ -207,6 +207,7 @@ class Study:
         data = dataclasses.asdict(self)
         data["results_dir"] = str(self.results_dir)
         data["workloads"] = {k: str(v) for k, v in self.workloads.items()}
+        data["warmup_workload"] = str(self.warmup_workload)
         data["sampling_key"] = self.sampling_key
         return data
 

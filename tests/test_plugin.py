@@ -109,7 +109,8 @@ class TestOutcomes:
         result.assert_outcomes(failed=1, deselected=23)
         result.stdout.fnmatch_lines(
             [
-                "*reject: parity failed: 1/2 outputs identical; first divergence in 'gen-1#0' at char 15*"
+                "*reject: parity failed: 1/2 outputs identical (not a near-tie: *); "
+                "first divergence in 'gen-1#0' at char 15*"
                 "the baseline reproduces itself on this request: the difference comes with the speculative path*",
             ]
         )
@@ -533,7 +534,7 @@ class TestRounds:
         result = p.runpytest_subprocess(
             "--specsel-cpu", "--specsel-label", "pc", "-k", "ngram and general-c1"
         )
-        result.stdout.fnmatch_lines(["g1_ngram-general-c1 \\**accept", "*flagged data*"])
+        result.stdout.fnmatch_lines(["g1_ngram-general-c1 [*] *accept", "*flagged data*"])
         scenario = _handoff(p, "pc")["candidates"]["g1_ngram"]["scenarios"]["general-c1"]
         assert scenario["flags"] == ["prefix_cache_hits"] and scenario["evidence"]["flags"] == [
             "prefix_cache_hits"
@@ -552,7 +553,7 @@ class TestRounds:
         p.makefile(".jsonl", warm=json.dumps({"request_id": "w1", "prompt": "p0"}))
         result = p.runpytest("--specsel-cpu", "--specsel-label", "wp")
         assert result.ret == pytest.ExitCode.USAGE_ERROR
-        result.stderr.fnmatch_lines(["*warmup_workload*['w1'] also stand in a measured workload*"])
+        result.stderr.fnmatch_lines(["*warmup_workload*w1* also stand in a measured workload*"])
 
     def test_a_divergence_at_a_near_tie_is_reported_and_does_not_reject(self, project):
         p = project(
