@@ -92,10 +92,29 @@ def speculative_config(candidate: Candidate, assets: AssetFacts) -> SpeculativeC
 
 
 def co_residence(
+    baseline_gb: float | None,
+    candidate_gb: float | None,
+    capability: Capability,
+    study: Study,
+    sleep_mode: bool = False,
+) -> tuple[Pairing, str, bool]:
+    """Whether a candidate's server can run beside its baseline's (both estimates counted
+    against the device's memory), so that their rounds interleave; where they do not fit
+    and the backend's servers can sleep, they interleave with the idle one asleep; else
+    sequential. Returns (pairing, why, sleeping)."""
+    pairing, why = _fit(baseline_gb, candidate_gb, capability, study)
+    if pairing is Pairing.SEQUENTIAL and sleep_mode:
+        return (
+            Pairing.INTERLEAVED,
+            f"{why}; sleep mode: the idle server is offloaded during the other's rounds",
+            True,
+        )
+    return pairing, why, False
+
+
+def _fit(
     baseline_gb: float | None, candidate_gb: float | None, capability: Capability, study: Study
 ) -> tuple[Pairing, str]:
-    """Whether a candidate's server can run beside its baseline's (both estimates counted
-    against the device's memory), so that their rounds interleave; else sequential."""
     if capability.device_memory_mb is None or baseline_gb is None or candidate_gb is None:
         return Pairing.SEQUENTIAL, "the memory of the two servers together is not known"
     share = study.backend.gpu_memory_utilization if capability.device is Device.CUDA else 1.0

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from collections.abc import Sequence
 
 from pytest_specsel.records import GateOp
@@ -148,18 +149,20 @@ def gate_state(interval: Interval, threshold: float, op: GateOp) -> GateState:
     return GateState.UNDECIDED
 
 
-def pairs_to_decide(interval: Interval, threshold: float, limit: int = 1000) -> int | None:
+def pairs_to_decide(interval: Interval, threshold: float) -> int | None:
     """About how many round pairs in all would decide this gate, if the estimate and the
-    noise stay as measured; None when the estimate sits on the threshold."""
+    noise stay as measured; None when the estimate sits exactly on the threshold."""
     distance = abs(math.log(interval.estimate) - math.log(threshold))
     if distance == 0.0:
         return None
     if interval.log_sd == 0.0:
         return interval.pairs
-    for n in range(max(2, interval.pairs), limit + 1):
+    for n in range(max(2, interval.pairs), 201):
         if t_quantile(0.5 + interval.level / 2.0, n - 1) * interval.log_sd / math.sqrt(n) < distance:
             return n
-    return None
+    # Past 200 pairs the t quantile is the normal one.
+    z = statistics.NormalDist().inv_cdf(0.5 + interval.level / 2.0)
+    return math.ceil((z * interval.log_sd / distance) ** 2)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

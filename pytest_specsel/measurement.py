@@ -179,7 +179,7 @@ class MemoryReading:
     """Peak memory over the measured window and what exactly was measured."""
 
     peak_mb: float | None
-    #: e.g. "cpu_rss_server_process_tree" or "nvml_device_used"
+    #: e.g. "cpu_rss_server_process_tree" or "nvml_server_processes"
     measured: str
     samples: int
     #: memory before the server started (device used / host RSS baseline), when known

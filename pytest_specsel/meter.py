@@ -113,14 +113,21 @@ class ScenarioMeter:
         scenario: Scenario,
         base_name: str,
         base_handle: ServerHandle,
+        sleeping: bool = False,
     ) -> ScenarioResult:
-        """Interleaved round pairs against the track's baseline server, up beside it."""
+        """Interleaved round pairs against the track's baseline server, up beside it (with
+        ``sleeping``, each round wakes its server and puts the other to sleep first)."""
         t0 = time.monotonic()
         name, track = state.name, state.track
         self._announce(name, scenario, f"paired rounds, ABBA, {self.study.policy.min_pairs}+ pairs")
+        base_rounds = self._rounds_of(base_name, base_handle, scenario, Role.BASELINE)
+        cand_rounds = self._rounds_of(name, handle, scenario, Role.CANDIDATE)
+        if sleeping:
+            base_rounds = _awake_for(base_rounds, base_handle, handle)
+            cand_rounds = _awake_for(cand_rounds, handle, base_handle)
         run = run_pairs(
-            self._rounds_of(base_name, base_handle, scenario, Role.BASELINE),
-            self._rounds_of(name, handle, scenario, Role.CANDIDATE),
+            base_rounds,
+            cand_rounds,
             self.study.policy,
             self.study.gates,
         )
@@ -225,3 +232,14 @@ class ScenarioMeter:
         raw = documents.raw_document(header, result, view_of(result, self._paths.root), arguments)
         artifacts.write_json(result.raw_path, raw)
         return result
+
+
+def _awake_for(rounds: RoundRunner, mine: ServerHandle, other: ServerHandle) -> RoundRunner:
+    """Sleep mode: the other server sleeps and this one wakes before each of its rounds."""
+
+    def run(index: int) -> tuple[Round, KeyboardInterrupt | None]:
+        other.sleep()
+        mine.wake()
+        return rounds(index)
+
+    return run

@@ -368,7 +368,11 @@ class GateCheck:
         text += f": {self.state.value}"
         if self.state is GateState.UNDECIDED:
             text += f" at {self.interval.pairs} pairs"
-            text += f", about {self.pairs_needed} pairs would decide it" if self.pairs_needed else ", a tie"
+            text += (
+                f", about {self.pairs_needed} pairs would decide it"
+                if self.pairs_needed
+                else ", the estimate sits on the threshold"
+            )
         return text
 
 

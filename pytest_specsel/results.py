@@ -112,6 +112,8 @@ class CandidateState:
     #: how its rounds are placed against its baseline's, and why
     pairing: Pairing | None = None
     pairing_reason: str | None = None
+    #: interleaved with the idle server asleep (sleep mode), because both do not fit awake
+    sleeping: bool = False
     log_path: Path | None = None
     scenarios: dict[str, ScenarioResult] = dataclasses.field(default_factory=dict)
     launch_s: float | None = None

@@ -150,14 +150,17 @@ class Selection:
                 self._launch(name, state.assets.target_path, None, state)
             return
         g0 = self._states[self._baseline_name()]
-        state.pairing, state.pairing_reason = co_residence(
+        state.pairing, state.pairing_reason, state.sleeping = co_residence(
             g0.assets.estimated_memory_gb if g0.assets else None,
             state.assets.estimated_memory_gb,
             self._capability,
             self.study,
+            self._bundle.sleep_mode,
         )
         if state.pairing is Pairing.INTERLEAVED:
-            self._baseline_server(state)
+            base = self._baseline_server(state)
+            if state.sleeping:
+                base.sleep()  # the candidate's server would not fit beside it awake
         else:
             self._ensure_baseline(state.track, keys)
             self._servers.stop(self._track_server(state.track))  # the two do not fit together
@@ -185,6 +188,9 @@ class Selection:
         if not state.candidate.is_baseline:
             self._servers.stop(name)
         track_server = self._track_server(state.track)
+        base = self._servers.get(track_server)
+        if state.sleeping and base is not None:
+            base.wake()
         if self._servers.get(track_server) is not None and not self._baseline_needed(state.track, name):
             self._servers.stop(track_server)
             g0 = self._states[self._baseline_name()]
@@ -283,7 +289,7 @@ class Selection:
             base_name = self._track_server(state.track)
             base_handle = self._servers.get(base_name)
             assert base_handle is not None, f"specsel: {base_name} is not up beside {name}"
-            result = self._meter.pairs(state, handle, scenario, base_name, base_handle)
+            result = self._meter.pairs(state, handle, scenario, base_name, base_handle, state.sleeping)
         return result
 
     # -- files -------------------------------------------------------------------------

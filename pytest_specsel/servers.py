@@ -49,6 +49,7 @@ class ServerPool:
             speculative,
             log_path,
             self._device,
+            self._bundle.sleep_mode,
         )
         self._say(f"[specsel] {name}: starting server (log {log_path})")
         t0 = time.monotonic()

@@ -448,3 +448,40 @@ def test_prefix_cache_counters_are_read_beside_the_spec_counters():
     )
     counters = parse_server_counters(page)
     assert (counters.spec, counters.prefix_cache_queries, counters.prefix_cache_hits) == (None, 120.0, 16.0)
+
+
+def test_nvml_memory_counts_only_the_servers_own_processes_on_every_device(monkeypatch):
+    """A co-resident server's memory is not the candidate's; a second device's is."""
+    import types
+
+    from pytest_specsel.backends.telemetry import NvmlMemorySampler
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        proc = types.SimpleNamespace
+        table = {
+            0: [
+                proc(pid=os.getpid(), usedGpuMemory=300 * 2**20),
+                proc(pid=999999, usedGpuMemory=5000 * 2**20),
+            ],
+            1: [proc(pid=child.pid, usedGpuMemory=200 * 2**20)],
+        }
+        fake = types.SimpleNamespace(
+            nvmlInit=lambda: None,
+            nvmlDeviceGetCount=lambda: 2,
+            nvmlDeviceGetHandleByIndex=lambda i: i,
+            nvmlDeviceGetComputeRunningProcesses=lambda i: table[i],
+        )
+        monkeypatch.setitem(sys.modules, "pynvml", fake)
+
+        class Handle:
+            def pids(self):
+                return [os.getpid()]
+
+        sampler = NvmlMemorySampler(interval_s=0.05)
+        sampler.start(Handle())
+        reading = sampler.stop()
+        assert reading.measured == "nvml_server_processes" and reading.peak_mb == pytest.approx(500.0)
+    finally:
+        child.kill()
+        child.wait()

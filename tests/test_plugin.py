@@ -586,3 +586,36 @@ class TestRounds:
         result = p.runpytest("--specsel-cpu", "--specsel-label", "st", "-k", "ngram and general-c1")
         result.assert_outcomes(failed=1, deselected=23)
         result.stdout.fnmatch_lines(["*reject: parity failed: 1/2 outputs identical (near_tie: *"])
+
+    def test_servers_that_do_not_fit_awake_interleave_with_the_idle_one_asleep(self, project):
+        big = "AssetFacts('/fake/target', 'fake-rev-1', None, None, True, True, False, 9.0, 10.0, {})"
+        p = project(
+            "{'g1_ngram': FakeScript(token_s=0.005)}",
+            assets=f"{{'g0_target_only': {big}, 'g1_ngram': {big}}}",
+        )
+        p.makeconftest(
+            CONFTEST.format(
+                scripts="{'g1_ngram': FakeScript(token_s=0.005)}",
+                assets=f"{{'g0_target_only': {big}, 'g1_ngram': {big}}}",
+            )
+            + "def pytest_specsel_make_backend(config, device):\n"
+            + "    bundle, world = fake_bundle(SCRIPTS, assets=ASSETS, sleep_mode=True)\n"
+            + "    WORLD['world'] = world\n"
+            + "    return bundle\n"
+            + "def pytest_unconfigure(config):\n"
+            + "    w = WORLD['world']\n"
+            + "    (config.rootpath / 'events.txt').write_text('\\n'.join(w.events) + '\\nmax_awake=%d' % w.max_awake)\n"
+        )
+        result = p.runpytest("--specsel-cpu", "--specsel-label", "zz", "-k", "general-c1")
+        result.assert_outcomes(passed=2, skipped=4, deselected=18)
+        events = (p.path / "events.txt").read_text().splitlines()
+        assert events[:5] == [
+            "start g0_target_only",
+            "sleep g0_target_only",
+            "start g1_ngram",
+            "sleep g1_ngram",
+            "wake g0_target_only",
+        ]
+        assert "sleep g1_ngram" in events and events[-1] == "max_awake=1"
+        summary = json.loads((p.path / "results" / "zz" / "groups" / "g1_ngram.json").read_text())
+        assert summary["pairing"] == "interleaved" and "sleep mode" in summary["pairing_reason"]

@@ -87,7 +87,20 @@ class _Handle:
         if not self.stopped:
             self.stopped = True
             self.world.alive.remove(self.group)
+            self.world.asleep.discard(self.group)
             self.world.events.append(f"stop {self.group}")
+
+    def sleep(self) -> None:
+        if not self.world.sleep_mode:
+            raise NotImplementedError("fake server without sleep mode")
+        if self.group not in self.world.asleep:
+            self.world.asleep.add(self.group)
+            self.world.events.append(f"sleep {self.group}")
+
+    def wake(self) -> None:
+        if self.group in self.world.asleep:
+            self.world.asleep.discard(self.group)
+            self.world.events.append(f"wake {self.group}")
 
 
 class _World:
@@ -102,6 +115,10 @@ class _World:
         self.max_alive = 0
         self.handles: dict[str, _Handle] = {}
         self.launches: dict[str, LaunchSpec] = {}
+        self.sleep_mode = False
+        self.asleep: set[str] = set()
+        #: the most servers awake at once while one measured
+        self.max_awake = 0
         self.runs: dict[str, int] = {}
 
     def script(self, group: str) -> FakeScript:
@@ -165,6 +182,9 @@ class _Client:
         hooks = hooks or ReplayHooks()
         group = spec.base_url.removeprefix("fake://")
         handle = self.world.handles[group]
+        if group in self.world.asleep:
+            raise RuntimeError(f"fake: {group} was asked to serve while asleep")
+        self.world.max_awake = max(self.world.max_awake, len(set(self.world.alive) - self.world.asleep))
         script = self.world.script(group)
         counting = handle.speculative and script.acceptance is not None
         # Warmup requests move the counters too; the measured window must not see them.
@@ -266,6 +286,7 @@ def fake_bundle(
     version: str = "0.32.0",
     assets: Mapping[str, AssetFacts] | None = None,
     capability_error: str | None = None,
+    sleep_mode: bool = False,
 ) -> tuple[BackendBundle, Any]:
     """A bundle plus its world (``.events``, ``.max_alive``) for assertions."""
     capability = Capability(
@@ -281,6 +302,7 @@ def fake_bundle(
         capability_error,
     )
     world = _World(scripts or {}, capability, assets or {})
+    world.sleep_mode = sleep_mode
 
     def memory() -> MemorySampler:
         return _Memory(world)
@@ -301,5 +323,6 @@ def fake_bundle(
         memory,
         launch_config,
         "fake_counters",
+        sleep_mode,
     )
     return bundle, world

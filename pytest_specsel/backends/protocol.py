@@ -107,6 +107,8 @@ class LaunchSpec:
     speculative: SpeculativeConfig | None
     log_path: Path
     device: Device
+    #: start with sleep mode on, so the server can be offloaded while the other measures
+    sleep_mode: bool = False
 
 
 class ServerHandle(Protocol):
@@ -118,6 +120,17 @@ class ServerHandle(Protocol):
     def log_tail(self, lines: int = 40) -> str: ...
 
     def stop(self) -> None: ...
+
+    def sleep(self) -> None:
+        """Offload the idle server's weights and cache (sleep mode) so another fits beside it.
+
+        :raises NotImplementedError: for a server launched without sleep mode.
+        """
+        ...
+
+    def wake(self) -> None:
+        """Bring a sleeping server back before its round."""
+        ...
 
 
 class ServerLauncher(Protocol):
@@ -213,3 +226,5 @@ class BackendBundle:
     launch_config: LaunchConfigBuilder
     #: what the scraper reads, recorded with every telemetry window (e.g. "vllm_prometheus")
     telemetry_origin: str
+    #: its servers can sleep (offload) and wake: two that do not fit together still interleave
+    sleep_mode: bool = False

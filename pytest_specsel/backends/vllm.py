@@ -84,6 +84,8 @@ def build_serve_argv(command: tuple[str, ...], spec: LaunchSpec, port: int) -> l
         argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
     if s.enforce_eager:
         argv.append("--enforce-eager")
+    if spec.sleep_mode:
+        argv.append("--enable-sleep-mode")
     if spec.speculative is not None:
         argv += [
             "--speculative-config",
@@ -98,6 +100,8 @@ def serve_env(spec: LaunchSpec) -> dict[str, str]:
     # Counters reach /metrics on a stats interval; a short one avoids false zeros in short runs.
     env.setdefault("VLLM_LOG_STATS_INTERVAL", "1")
     env.setdefault("HF_HUB_OFFLINE", "1")
+    if spec.sleep_mode:
+        env["VLLM_SERVER_DEV_MODE"] = "1"  # serves /sleep and /wake_up
     if spec.device is Device.CPU:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(spec.settings.cpu_kvcache_space_gb)
         if spec.settings.cpu_reserved_cores >= 0:
@@ -123,6 +127,13 @@ class VllmServer:
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
+
+    def sleep(self) -> None:
+        """POST /sleep (level 1: weights offloaded, KV cache dropped)."""
+        httpx.post(self.base_url + "/sleep", params={"level": "1"}, timeout=120.0).raise_for_status()
+
+    def wake(self) -> None:
+        httpx.post(self.base_url + "/wake_up", timeout=120.0).raise_for_status()
 
     def stop(self, grace_s: float = 30.0) -> None:
         """Terminate the whole group, wait, then kill what is left. Idempotent."""
