@@ -24,6 +24,7 @@ from pytest_specsel.measurement import noise_floor
 from pytest_specsel.pairing import pair
 from pytest_specsel.pairing import run_summary
 from pytest_specsel.pairing import self_check
+from pytest_specsel.parity import near_tie_epsilon
 from pytest_specsel.records import Pairing
 from pytest_specsel.records import Role
 from pytest_specsel.records import RunStatus
@@ -220,7 +221,8 @@ class ScenarioMeter:
             if result.parity is not None and not result.parity.quality_ok and servers is not None:
                 spec = replay_spec(s, self._workloads[scenario.workload], servers[0], scenario)
                 keys = result.parity.differing_request_ids
-                result = paired(ties=parity_pass(self._bundle, spec, servers, keys, s.parity_epsilon))
+                epsilon = near_tie_epsilon(s.backend.dtype, s.parity_epsilon)
+                result = paired(ties=parity_pass(self._bundle, spec, servers, keys, epsilon))
         else:
             check = self_check(result.rounds) if self.study.baseline_self_check else None
             result = dataclasses.replace(result, self_check=check, noise_floor=noise_floor(result.rounds))

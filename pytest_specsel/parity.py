@@ -20,15 +20,34 @@ __all__ = [
     "TieCheck",
     "compare_outputs",
     "first_divergence",
+    "near_tie_epsilon",
     "tie_gap",
     "with_ties",
 ]
 
 #: a first differing token counts as a near-tie when the baseline's own log-probability of
-#: its token exceeds that of the candidate's token by at most this many nats. 0.1 covers
-#: bfloat16 logits (their spacing near a logit of 16 is 0.125) and is far below the gaps of
-#: a confident choice (several nats); set ``run.parity_epsilon`` to change it.
-NEAR_TIE_EPSILON = 0.1
+#: its token exceeds that of the candidate's token by at most epsilon nats. A log-prob gap
+#: is a logit gap (one softmax), so the epsilon is two steps of the serving dtype's logit
+#: grid at logits of 16-32 (where chat models' top logits sit): bfloat16 (8 significant
+#: bits) steps 0.125 there, float16 (11 bits) 0.0156; float32 differences come from
+#: summation order and stay far below 0.01. A confident choice is several nats apart.
+#: ``run.parity_epsilon`` overrides it.
+NEAR_TIE_EPSILON_BY_DTYPE = {
+    "bfloat16": 0.25,
+    "float16": 0.03125,
+    "half": 0.03125,
+    "float32": 0.01,
+    "float": 0.01,
+}
+NEAR_TIE_EPSILON = NEAR_TIE_EPSILON_BY_DTYPE["bfloat16"]
+
+
+def near_tie_epsilon(dtype: str, override: float | None = None) -> float:
+    """The near-tie epsilon for a serving dtype (``auto`` counts as bfloat16, the widest)."""
+    if override is not None:
+        return override
+    return NEAR_TIE_EPSILON_BY_DTYPE.get(dtype, NEAR_TIE_EPSILON)
+
 
 _CONTEXT_CHARS = 40
 

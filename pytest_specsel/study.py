@@ -81,7 +81,7 @@ DEFAULTS: dict[str, Any] = {
         # A/A calibration: the baseline against a second target-only server, as a candidate.
         "aa_calibration": False,
         # Parity at a near-tie (parity.NEAR_TIE_EPSILON): reported, and a reject only if strict.
-        "parity_epsilon": 0.1,
+        "parity_epsilon": "auto",
         "strict_parity": False,
     },
     "strategies": {
@@ -185,7 +185,8 @@ class Study:
     #: rounds of the baseline's own scenarios (its A/A spread and self-check)
     baseline_rounds: int
     #: nats: a first differing token this close to the baseline's choice is a near-tie
-    parity_epsilon: float
+    #: (None: by the serving dtype, ``parity.near_tie_epsilon``)
+    parity_epsilon: float | None
     #: a near-tie divergence fails quality too
     strict_parity: bool
     #: G0-G5 in slot order, then the extra candidates in file order: the launch order

@@ -238,9 +238,13 @@ def _run(r: Mapping[str, Any], loc: _Locator) -> dict[str, Any]:
     out["policy"] = _policy(r, loc)
     out["aa_calibration"] = _typed(r["aa_calibration"], bool, "run.aa_calibration", loc)
     out["strict_parity"] = _typed(r["strict_parity"], bool, "run.strict_parity", loc)
-    out["parity_epsilon"] = _typed(r["parity_epsilon"], float, "run.parity_epsilon", loc)
-    if out["parity_epsilon"] < 0:
-        raise loc.error("run.parity_epsilon", f"{out['parity_epsilon']!r} must be >= 0 (nats)")
+    epsilon = r["parity_epsilon"]
+    if epsilon == "auto":
+        out["parity_epsilon"] = None
+    else:
+        out["parity_epsilon"] = _typed(epsilon, float, "run.parity_epsilon", loc)
+        if out["parity_epsilon"] < 0:
+            raise loc.error("run.parity_epsilon", f'{epsilon!r} must be >= 0 (nats) or "auto" (by dtype)')
     return out
 
 
