@@ -114,6 +114,9 @@ class ServerCounters:
     spec: SpecCounters | None
     prefix_cache_queries: float | None = None
     prefix_cache_hits: float | None = None
+    #: the server's request queue-time histogram: sum of seconds waited, requests counted
+    queue_time_s: float | None = None
+    queued_count: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -240,6 +243,11 @@ def request_to_json(r: RequestRecord) -> dict[str, Any]:
     return data
 
 
+#: a window whose requests waited longer than this on average in the server's queue is
+#: flagged: the concurrency asked for was not what the server ran
+QUEUED_AFTER_S = 0.1
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Round:
     """One replay of a scenario's frozen prompts at its concurrency, on one server."""
@@ -257,6 +265,8 @@ class Round:
     #: prefix-cache deltas over the window (tokens queried, tokens hit); None when unread
     prefix_cache_queries: float | None = None
     prefix_cache_hits: float | None = None
+    #: mean seconds a request of the window waited in the server's queue (its own histogram)
+    queue_wait_s: float | None = None
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -266,6 +276,8 @@ class Round:
             found.append("failed_requests")
         if self.prefix_cache_hits:
             found.append("prefix_cache_hits")
+        if self.queue_wait_s is not None and self.queue_wait_s > QUEUED_AFTER_S:
+            found.append("queued_requests")
         return tuple(found)
 
     def to_json(self) -> dict[str, Any]:

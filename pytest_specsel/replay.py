@@ -63,6 +63,10 @@ def progress_line(
     return progress
 
 
+#: (prefix-cache queries, prefix-cache hits, mean queue wait in seconds) over a window
+_Deltas = tuple[float | None, float | None, float | None]
+
+
 class _Window:
     """Counters before and after, and a memory sampler in between."""
 
@@ -83,10 +87,10 @@ class _Window:
         self.sampler = self.bundle.memory()
         self.sampler.start(self.handle)
 
-    def close(self) -> tuple[SpecTelemetry | None, MemoryReading | None, tuple[float | None, float | None]]:
-        """Telemetry, memory and prefix-cache (queries, hits) deltas over the window."""
+    def close(self) -> tuple[SpecTelemetry | None, MemoryReading | None, _Deltas]:
+        """Telemetry, memory, and the prefix-cache (queries, hits) and mean queue-wait deltas."""
         if self.sampler is None:
-            return None, None, (None, None)
+            return None, None, (None, None, None)
         memory = self.sampler.stop()
         after, after_error = self._scrape()
         error = self.error or after_error
@@ -97,15 +101,15 @@ class _Window:
         return telemetry, memory, _cache_delta(self.before, after)
 
 
-def _cache_delta(
-    before: ServerCounters | None, after: ServerCounters | None
-) -> tuple[float | None, float | None]:
+def _cache_delta(before: ServerCounters | None, after: ServerCounters | None) -> _Deltas:
     def delta(field: str) -> float | None:
         a = getattr(after, field) if after else None
         b = getattr(before, field) if before else None
         return a - b if a is not None and b is not None else None
 
-    return delta("prefix_cache_queries"), delta("prefix_cache_hits")
+    waited, count = delta("queue_time_s"), delta("queued_count")
+    queue_wait = waited / count if waited is not None and count else None
+    return delta("prefix_cache_queries"), delta("prefix_cache_hits"), queue_wait
 
 
 def measure_round(
@@ -137,12 +141,15 @@ def measure_round(
         interrupt, requests, error = exc, tuple(sink), "interrupted"
     except Exception as exc:
         requests, error = tuple(sink), f"{type(exc).__name__}: {exc}"
-    telemetry, memory, (queries, hits) = meter.close()
+    telemetry, memory, (queries, hits, queue_wait) = meter.close()
     if error is None and any(not r.ok for r in requests):
         bad = [r for r in requests if not r.ok]
         error = f"{len(bad)} of {len(requests)} requests failed; first: {bad[0].error}"
     figures = scenario_figures(requests, duration) if requests and duration else None
-    return Round(role, index, requests, duration, figures, telemetry, memory, error, queries, hits), interrupt
+    measured = Round(
+        role, index, requests, duration, figures, telemetry, memory, error, queries, hits, queue_wait
+    )
+    return measured, interrupt
 
 
 def parity_pass(

@@ -19,6 +19,8 @@ from pytest_specsel.artifacts import label_problem
 from pytest_specsel.families import BASELINE_FAMILY
 from pytest_specsel.families import family_contract
 from pytest_specsel.intervals import RoundPolicy
+from pytest_specsel.locator import Locator as _Locator
+from pytest_specsel.locator import StudyError
 from pytest_specsel.records import Thresholds
 from pytest_specsel.study import BASELINE_GROUP
 from pytest_specsel.study import DEFAULTS
@@ -30,7 +32,6 @@ from pytest_specsel.study import with_aa_calibration
 
 __all__ = ["StudyError", "load_study", "study_from_mapping"]
 
-_README = "see README 'The study file'"
 _STRATEGY_KEYS = {
     "enabled": bool,
     "family": str,
@@ -44,44 +45,6 @@ _STRATEGY_KEYS = {
 #: tables a user gives whole; everything else is merged key by key over the defaults
 _WHOLE_TABLES = ("options", "workloads")
 _NAME = re.compile(r"[a-z0-9_]+")
-
-
-class StudyError(ValueError):
-    """A study file that fails the preflight audit."""
-
-
-class _Locator:
-    """Finds the line of a dotted key in TOML text, for error messages."""
-
-    def __init__(self, path: str, text: str, prefix: str) -> None:
-        self.path, self.prefix = path, prefix
-        self.lines = text.splitlines()
-
-    def where(self, dotted: str) -> str:
-        full = f"{self.prefix}.{dotted}" if dotted else self.prefix
-        parts = full.split(".")
-        table = ""
-        best = None
-        for number, raw in enumerate(self.lines, 1):
-            line = raw.strip()
-            header = re.fullmatch(r"\[+\s*([^\]]+?)\s*\]+", line)
-            if header:
-                table = header.group(1).replace('"', "").replace(" ", "")
-                if table == full:
-                    best = number
-                continue
-            match = re.match(r'"?([A-Za-z0-9_.-]+)"?\s*=', line)
-            if not match:
-                continue
-            key_path = f"{table}.{match.group(1)}" if table else match.group(1)
-            if key_path == full or (full.startswith(key_path + ".") and best is None):
-                best = number
-            elif parts[-1] in line and full.startswith(table + ".") and best is None:
-                best = number
-        return f"{self.path}:{best}" if best else self.path
-
-    def error(self, dotted: str, message: str) -> StudyError:
-        return StudyError(f"specsel: {self.where(dotted)}: {self.prefix}.{dotted}: {message} ({_README})")
 
 
 def _merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:

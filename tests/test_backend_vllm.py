@@ -445,9 +445,14 @@ def test_prefix_cache_counters_are_read_beside_the_spec_counters():
         'vllm:prefix_cache_queries_created{engine="0"} 1.7e9\n'
         "# TYPE vllm:prefix_cache_hits counter\n"
         'vllm:prefix_cache_hits_total{engine="0"} 16.0\n'
+        "# TYPE vllm:request_queue_time_seconds histogram\n"
+        'vllm:request_queue_time_seconds_bucket{engine="0",le="+Inf"} 4.0\n'
+        'vllm:request_queue_time_seconds_count{engine="0"} 4.0\n'
+        'vllm:request_queue_time_seconds_sum{engine="0"} 0.2\n'
     )
     counters = parse_server_counters(page)
     assert (counters.spec, counters.prefix_cache_queries, counters.prefix_cache_hits) == (None, 120.0, 16.0)
+    assert (counters.queue_time_s, counters.queued_count) == (0.2, 4.0)
 
 
 def test_nvml_memory_counts_only_the_servers_own_processes_on_every_device(monkeypatch):

@@ -619,3 +619,11 @@ class TestRounds:
         assert "sleep g1_ngram" in events and events[-1] == "max_awake=1"
         summary = json.loads((p.path / "results" / "zz" / "groups" / "g1_ngram.json").read_text())
         assert summary["pairing"] == "interleaved" and "sleep mode" in summary["pairing_reason"]
+
+    def test_requests_that_waited_in_the_servers_queue_flag_the_window(self, project):
+        p = project("{'g1_ngram': FakeScript(token_s=0.005, queue_wait_s=0.5)}")
+        p.runpytest("--specsel-cpu", "--specsel-label", "q", "-k", "ngram and general-c1")
+        raw = json.loads((p.path / "results" / "q" / "raw" / "g1_ngram__general-c1.json").read_text())
+        assert raw["rounds"][0]["queue_wait_s"] == pytest.approx(0.5)
+        assert raw["rounds"][0]["flags"] == ["queued_requests"] and raw["baseline_rounds"][0]["flags"] == []
+        assert raw["scenario"]["evidence"]["flags"] == ["queued_requests"]

@@ -63,6 +63,8 @@ class FakeScript:
     #: with log-probabilities asked for: this server ranks the divergent token " (changed)"
     #: this many nats below its own choice (None: not among its top alternatives)
     tie_gap: float | None = None
+    #: seconds each measured request waits in the server's queue
+    queue_wait_s: float = 0.0
 
 
 class _Handle:
@@ -76,6 +78,8 @@ class _Handle:
         self.stopped = False
         self.counters = SpecCounters(0.0, 0.0, 0.0, ())
         self.cache_hits = 0.0
+        self.queue_time_s = 0.0
+        self.queued_count = 0.0
 
     def pids(self) -> list[int]:
         return []
@@ -203,6 +207,8 @@ class _Client:
         if hooks.sink is not None:
             hooks.sink.extend(records)
         handle.cache_hits += script.prefix_hits
+        handle.queue_time_s += script.queue_wait_s * len(records)
+        handle.queued_count += len(records)
         if counting:
             assert script.acceptance is not None
             drafts = float(len(records) * 4)
@@ -264,7 +270,9 @@ class _Scraper:
         spec: SpecCounters | None = handle.counters
         if not handle.speculative or self.world.script(handle.group).acceptance is None:
             spec = None
-        return ServerCounters(spec, 1000.0 + handle.cache_hits, handle.cache_hits)
+        return ServerCounters(
+            spec, 1000.0 + handle.cache_hits, handle.cache_hits, handle.queue_time_s, handle.queued_count
+        )
 
 
 class _Memory:

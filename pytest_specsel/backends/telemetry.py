@@ -71,7 +71,12 @@ def parse_spec_counters(text: str) -> SpecCounters | None:
     return SpecCounters(totals["drafts"], totals["draft_tokens"], totals["accepted_tokens"], positions)
 
 
-_PREFIX_CACHE = {"vllm:prefix_cache_queries": "queries", "vllm:prefix_cache_hits": "hits"}
+_PREFIX_CACHE = {
+    "vllm:prefix_cache_queries": "queries",
+    "vllm:prefix_cache_hits": "hits",
+    "vllm:request_queue_time_seconds_sum": "queue_sum",
+    "vllm:request_queue_time_seconds_count": "queue_count",
+}
 
 
 def parse_server_counters(text: str) -> ServerCounters:
@@ -83,7 +88,13 @@ def parse_server_counters(text: str) -> ServerCounters:
             key = _PREFIX_CACHE.get(sample.name.removesuffix("_total"))
             if key is not None and not sample.name.endswith("_created"):
                 cache[key] = cache.get(key, 0.0) + sample.value
-    return ServerCounters(parse_spec_counters(text), cache.get("queries"), cache.get("hits"))
+    return ServerCounters(
+        parse_spec_counters(text),
+        cache.get("queries"),
+        cache.get("hits"),
+        cache.get("queue_sum"),
+        cache.get("queue_count"),
+    )
 
 
 class PrometheusScraper:

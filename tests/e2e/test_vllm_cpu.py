@@ -115,6 +115,11 @@ max_rounds = 2
     assert [len(raw["rounds"]), len(raw["baseline_rounds"])] == [2, 2]
     assert raw["scenario"]["evidence"]["pairing"] == "interleaved"
     assert raw["scenario"]["evidence"]["throughput_speedup_interval"]["pairs"] == 2
+    # The server's own counters are read per window: prefix cache and queue time, no flags at c1.
+    assert (
+        raw["rounds"][0]["prefix_cache_queries"] is not None and raw["rounds"][0]["queue_wait_s"] is not None
+    )
+    assert raw["scenario"]["flags"] == []
     requests = raw["rounds"][0]["requests"]
     assert len(requests) == 4 and all(r["ok"] for r in requests)
     for r in requests:
