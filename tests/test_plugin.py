@@ -457,7 +457,8 @@ class TestHouse:
             + "    bundle, world = fake_bundle(SCRIPTS)\n"
             + "    return dataclasses.replace(bundle, launcher=Failing())\n"
         )
-        result = p.runpytest("--specsel-cpu", "--specsel-label", "tail", "-k", "g0 and general-c1")
+        # -rN: no short summary (under CI it repeats the whole message, tail included)
+        result = p.runpytest("--specsel-cpu", "--specsel-label", "tail", "-k", "g0 and general-c1", "-rN")
         result.assert_outcomes(failed=1, deselected=23)
         assert result.stdout.str().count("TAIL-LINE") == 1
 
