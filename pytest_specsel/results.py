@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pytest_specsel.backends.protocol import AssetFacts
 from pytest_specsel.measurement import MemoryReading
 from pytest_specsel.measurement import NoiseFloor
 from pytest_specsel.measurement import Round
@@ -90,10 +91,6 @@ class ScenarioResult:
     #: the A/A spread of the baseline rounds behind this result
     noise_floor: NoiseFloor | None = None
 
-    @property
-    def measured(self) -> Round | None:
-        return self.rounds[0] if self.rounds else None
-
 
 @dataclasses.dataclass(slots=True)
 class CandidateState:
@@ -102,8 +99,8 @@ class CandidateState:
     candidate: Candidate
     track: str
     admission: Admission
-    #: resolved assets (``backends.protocol.AssetFacts``); None when inspection failed
-    assets: Any
+    #: resolved assets; None when inspection failed
+    assets: AssetFacts | None
     run_status: RunStatus
     speculative: SpeculativeConfig | None = None
     #: the backend's own launch words for ``speculative`` (vLLM: the --speculative-config object)
@@ -258,6 +255,6 @@ def track_snapshot(states: Iterable[CandidateState], track: str, state: Candidat
     """The target snapshot a track's measurements are made on (the candidate's own, else
     that of any candidate of the track whose assets were resolved)."""
     if state is not None and state.assets is not None:
-        return str(state.assets.target_snapshot)
-    found = next((s for s in states if s.track == track and s.assets), None)
-    return str(found.assets.target_snapshot) if found is not None else None
+        return state.assets.target_snapshot
+    found = next((s.assets for s in states if s.track == track and s.assets is not None), None)
+    return found.target_snapshot if found is not None else None

@@ -142,17 +142,18 @@ class Selection:
         :raises LaunchError: when the server does not come up (the candidate is ``failed``).
         """
         state = self._states[name]
-        if state.run_status is not RunStatus.RUNNABLE or state.assets is None:
+        target = state.assets.target_path if state.assets is not None else None
+        if state.run_status is not RunStatus.RUNNABLE or target is None:
             raise RuntimeError(f"specsel: {name} is {state.run_status.value}, not runnable")
         keys = self._plan.setdefault(name, [s.key for s in self.scenarios])
         if state.candidate.is_baseline:
             if self._servers.get(name) is None:
-                self._launch(name, state.assets.target_path, None, state)
+                self._launch(name, target, None, state)
             return
         g0 = self._states[self._baseline_name()]
         state.pairing, state.pairing_reason, state.sleeping = co_residence(
             g0.assets.estimated_memory_gb if g0.assets else None,
-            state.assets.estimated_memory_gb,
+            state.assets.estimated_memory_gb if state.assets else None,
             self._capability,
             self.study,
             self._bundle.sleep_mode,
@@ -168,7 +169,7 @@ class Selection:
             if not any(k in have and have[k].run_status is RunStatus.COMPLETED for k in keys):
                 self._unavailable(state)
         try:
-            self._launch(name, state.assets.target_path, state.speculative, state)
+            self._launch(name, target, state.speculative, state)
         except LaunchError as exc:
             state.run_status, state.failure = RunStatus.FAILED, str(exc)
             raise

@@ -9,7 +9,6 @@ server's process tree on a CPU, each labelled with what it measured.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from collections.abc import Iterable
 
@@ -216,12 +215,3 @@ class NvmlMemorySampler(_Sampler):
             return used / (1024 * 1024) if tree else None
 
         self._begin(read)
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.5) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return predicate()
