@@ -35,6 +35,7 @@ from pytest_specsel.replay import replay_spec
 from pytest_specsel.results import CandidateState
 from pytest_specsel.results import Scenario
 from pytest_specsel.results import ScenarioResult
+from pytest_specsel.results import scenarios_of
 from pytest_specsel.results import track_snapshot
 from pytest_specsel.results import view_of
 from pytest_specsel.study import Study
@@ -67,9 +68,7 @@ class ScenarioMeter:
         self.warmup: Workload | None = None
 
     def _announce(self, name: str, scenario: Scenario, what: str) -> None:
-        plan = self.plan.get(name) or [
-            f"{w}-c{c}" for w in self.study.workloads for c in self.study.concurrency
-        ]
+        plan = self.plan.get(name) or [s.key for s in scenarios_of(self.study)]
         position = plan.index(scenario.key) + 1 if scenario.key in plan else len(plan) + 1
         s = self.study
         self._say(

@@ -34,6 +34,7 @@ from pytest_specsel.records import SpeculativeConfig
 from pytest_specsel.records import Verdict
 from pytest_specsel.records import to_json
 from pytest_specsel.study import Candidate
+from pytest_specsel.study import Study
 
 __all__ = [
     "CandidateState",
@@ -42,6 +43,7 @@ __all__ = [
     "ScenarioView",
     "not_run_view",
     "relative",
+    "scenarios_of",
     "settled_status",
     "track_snapshot",
     "view_of",
@@ -61,6 +63,11 @@ class Scenario:
 
     def __str__(self) -> str:
         return self.key
+
+
+def scenarios_of(study: Study) -> list[Scenario]:
+    """A study's scenarios: every workload at every concurrency, in study order."""
+    return [Scenario(w, c) for w in study.workloads for c in study.concurrency]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

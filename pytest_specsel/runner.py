@@ -35,6 +35,7 @@ from pytest_specsel.results import Scenario
 from pytest_specsel.results import ScenarioResult
 from pytest_specsel.results import ScenarioView
 from pytest_specsel.results import not_run_view
+from pytest_specsel.results import scenarios_of
 from pytest_specsel.results import settled_status
 from pytest_specsel.results import view_of
 from pytest_specsel.servers import ServerPool
@@ -84,7 +85,7 @@ class Selection:
     # -- what the session reads ---------------------------------------------------------
     @property
     def scenarios(self) -> list[Scenario]:
-        return [Scenario(w, c) for w in self.study.workloads for c in self.study.concurrency]
+        return scenarios_of(self.study)
 
     def names(self) -> list[str]:
         """Candidates in the study's order (the launch order)."""
@@ -190,12 +191,13 @@ class Selection:
             self._servers.stop(name)
         track_server = self._track_server(state.track)
         base = self._servers.get(track_server)
-        if state.sleeping and base is not None:
-            base.wake()
-        if self._servers.get(track_server) is not None and not self._baseline_needed(state.track, name):
+        if base is not None and not self._baseline_needed(state.track, name):
             self._servers.stop(track_server)
-            g0 = self._states[self._baseline_name()]
-            g0.run_status, g0.failure = settled_status(g0)
+            owner = self._states.get(track_server)  # G0's state; a second track's baseline has none
+            if owner is not None:
+                owner.run_status, owner.failure = settled_status(owner)
+        elif base is not None and state.sleeping:
+            base.wake()  # it stays up for the next candidate; waking one about to stop is wasted
         state.run_status, state.failure = settled_status(state)
 
     def stop_all(self) -> None:

@@ -28,6 +28,7 @@ from pytest_specsel.outcome import scenario_outcome
 from pytest_specsel.records import RunStatus
 from pytest_specsel.results import Scenario
 from pytest_specsel.results import ScenarioView
+from pytest_specsel.results import scenarios_of
 from pytest_specsel.runner import BaselineUnavailable
 from pytest_specsel.runner import Selection
 from pytest_specsel.study import Study
@@ -97,8 +98,7 @@ class SpecselSession:
             study = self.study
         except StudyError:
             return [], []
-        scenarios = [Scenario(w, c) for w in study.workloads for c in study.concurrency]
-        return [c.name for c in study.candidates], scenarios
+        return [c.name for c in study.candidates], scenarios_of(study)
 
     # -- session hooks -----------------------------------------------------------------
     @pytest.hookimpl(trylast=True)
