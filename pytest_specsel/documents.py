@@ -9,6 +9,7 @@ files" for what changed between versions.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from collections.abc import Mapping
 from collections.abc import Sequence
 from pathlib import Path
@@ -96,12 +97,23 @@ def raw_document(
     }
 
 
-def group_document(header: RunHeader, state: CandidateState, views: Sequence[ScenarioView]) -> dict[str, Any]:
-    """One candidate's summary, also for a candidate that never ran."""
+def group_document(
+    header: RunHeader,
+    state: CandidateState,
+    views: Sequence[ScenarioView],
+    siblings: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """One candidate's summary, also for a candidate that never ran.
+
+    :param siblings: the candidates of its table by proposal length (``{"3": "g1_ngram-k3"}``).
+    """
     return {
         "schema_version": SUMMARY_SCHEMA,
         "run_label": header.label,
         "candidate": state.name,
+        "group": state.candidate.group,
+        "num_speculative_tokens": state.candidate.num_speculative_tokens,
+        "proposal_lengths": dict(siblings or {}),
         "track": state.track,
         "config": dataclasses.asdict(state.candidate),
         "admission": to_json(state.admission),
@@ -137,7 +149,11 @@ def manifest_document(
         **run,
         "groups": [
             {
-                "group": s.name,
+                "group": s.candidate.group,
+                "candidate": s.name,
+                "num_speculative_tokens": None
+                if s.candidate.target_only
+                else s.candidate.num_speculative_tokens,
                 "family": s.candidate.family,
                 "fixed_identity": s.candidate.fixed,
                 "track": s.track,
@@ -175,6 +191,7 @@ def handoff_document(
         "baseline": {track: {v.scenario: v.to_json() for v in views} for track, views in baselines.items()},
         "candidates": {
             state.name: {
+                "group": state.candidate.group,
                 "family": state.candidate.family,
                 "track": state.track,
                 "run_status": state.run_status.value,
@@ -190,7 +207,19 @@ def handoff_document(
             }
             for state, views in candidates
         },
+        # "which mechanism at which proposal length": each table's candidates by K
+        "proposal_lengths": _by_group(state for state, _ in candidates),
     }
+
+
+def _by_group(states: Iterable[CandidateState]) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for state in states:
+        if not state.candidate.target_only:
+            out.setdefault(state.candidate.group, {})[str(state.candidate.num_speculative_tokens)] = (
+                state.name
+            )
+    return out
 
 
 def run_documents(
@@ -202,7 +231,11 @@ def run_documents(
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any], dict[str, Any]]:
     """Every document a run ends with: the group summaries (by candidate), the manifest
     (without its extensions) and the handoff."""
-    summaries = {state.name: group_document(header, state, views) for state, views in states}
+    by_group = _by_group(state for state, _ in states)
+    summaries = {
+        state.name: group_document(header, state, views, by_group.get(state.candidate.group))
+        for state, views in states
+    }
     extra = {t: v for t, v in baselines.items() if t != study.target_model}
     manifest = manifest_document(header, run, [s for s, _ in states], extra, header.root / "handoff.json")
     candidates = [(s, v) for s, v in states if not s.candidate.is_baseline]

@@ -109,6 +109,19 @@ register_family(
         (PairCheck.VOCAB, PairCheck.SPECIAL_TOKENS, PairCheck.DECLARED_TARGET),
     )
 )
+# Beside G0-G5, as extra candidates: a smaller model with the target's tokenizer drafting
+# token by token, and suffix-tree lookup over prompts and past outputs.
+register_family(
+    FamilyContract(
+        "draft_model",
+        AssetKind.PAIRED_CHECKPOINT,
+        Dependency.AUTOREGRESSIVE,
+        _BASE_TELEMETRY,
+        (PairCheck.VOCAB, PairCheck.SPECIAL_TOKENS, PairCheck.DECLARED_TARGET),
+    ),
+    aliases=("draft",),
+)
+register_family(FamilyContract("suffix", AssetKind.NONE, Dependency.RETRIEVAL, _BASE_TELEMETRY))
 
 
 def family_contract(family: object) -> FamilyContract:

@@ -127,6 +127,8 @@ class Candidate:
     fixed: bool = True
     #: an A/A calibration candidate: a second target-only server measured as a candidate
     calibration: bool = False
+    #: one of several proposal lengths of its table: the length is part of the name
+    k_in_name: bool = False
 
     @property
     def is_baseline(self) -> bool:
@@ -139,8 +141,9 @@ class Candidate:
 
     @property
     def name(self) -> str:
-        """The candidate's identity in ids and file names."""
-        return self.group
+        """The candidate's identity in ids and file names: the table's name, with ``-k<K>``
+        when the table lists several proposal lengths (``g1_ngram-k3``)."""
+        return f"{self.group}-k{self.num_speculative_tokens}" if self.k_in_name else self.group
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -197,11 +200,23 @@ class Study:
     def sampling_key(self) -> str:
         return f"t{self.temperature:g}-max{self.max_tokens}"
 
-    def candidate(self, group: str) -> Candidate:
+    def candidate(self, name: str) -> Candidate:
+        """The candidate of this name (``g1_ngram-k3``), or of this table when it has one
+        proposal length.
+
+        :raises KeyError: for no such candidate, or a table of several proposal lengths.
+        """
         for c in self.candidates:
-            if c.group == group:
+            if c.name == name:
                 return c
-        raise KeyError(group)
+        matches = [c for c in self.candidates if c.group == name]
+        if len(matches) == 1:
+            return matches[0]
+        raise KeyError(name)
+
+    def variants(self, group: str) -> tuple[Candidate, ...]:
+        """The candidates one table gives, one per proposal length."""
+        return tuple(c for c in self.candidates if c.group == group)
 
     def as_config(self) -> dict[str, Any]:
         """The configuration as written into manifests (paths as strings)."""

@@ -32,14 +32,14 @@ from pytest_specsel.study import with_aa_calibration
 
 __all__ = ["StudyError", "load_study", "study_from_mapping"]
 
-_STRATEGY_KEYS = {
+_STRATEGY_KEYS: dict[str, type | tuple[type, ...]] = {
     "enabled": bool,
     "family": str,
     "method": str,
     "asset": str,
     "options": dict,
     "min_backend_version": str,
-    "num_speculative_tokens": int,
+    "num_speculative_tokens": (int, list),
     "target": str,
 }
 #: tables a user gives whole; everything else is merged key by key over the defaults
@@ -65,7 +65,12 @@ def _check_keys(data: Mapping[str, Any], allowed: Mapping[str, Any], where: str,
             raise loc.error(f"{where}.{key}".lstrip("."), f"unknown key {key!r}; accepted keys: {accepted}")
 
 
-def _typed(value: Any, kind: type, dotted: str, loc: _Locator) -> Any:
+def _typed(value: Any, kind: type | tuple[type, ...], dotted: str, loc: _Locator) -> Any:
+    if isinstance(kind, tuple):
+        if not isinstance(value, kind):
+            names = " or ".join(k.__name__ for k in kind)
+            raise loc.error(dotted, f"{value!r} must be of type {names}")
+        return value
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if kind is int and isinstance(value, bool):
@@ -250,29 +255,48 @@ def _family(key: str, conf: Mapping[str, Any], fixed_slot: str | None, loc: _Loc
     return contract.family
 
 
-def _candidate(
+def _proposal_lengths(value: Any, key: str, loc: _Locator) -> tuple[int, ...]:
+    """``num_speculative_tokens``: one positive integer, or a list of distinct ones (each
+    becomes a candidate of its own)."""
+    dotted = f"{key}.num_speculative_tokens"
+    values = value if isinstance(value, list) else [value]
+    if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+        raise loc.error(dotted, f"{value!r} must be a positive integer or a non-empty list of them")
+    if len(set(values)) != len(values):
+        raise loc.error(dotted, f"{value!r} lists a proposal length twice")
+    return tuple(values)
+
+
+def _candidates(
     group: str, conf: Mapping[str, Any], fixed: bool, default_k: int, loc: _Locator, base_dir: Path
-) -> Candidate:
+) -> list[Candidate]:
+    """One candidate per proposal length: a table with ``num_speculative_tokens = [3, 5]``
+    gives ``<group>-k3`` and ``<group>-k5``; one value keeps the table's own name."""
     key = f"strategies.{group}" if fixed else f"candidates.{group}"
     for name, kind in _STRATEGY_KEYS.items():
         if name in conf:
             _typed(conf[name], kind, f"{key}.{name}", loc)
     family = _family(key, conf, group if fixed else None, loc)
-    k = conf.get("num_speculative_tokens")
-    if k is not None:
-        _positive(k, f"{key}.num_speculative_tokens", loc)
-    return Candidate(
-        group=group,
-        enabled=bool(conf.get("enabled", True)),
-        family=family,
-        method=conf.get("method") or None,
-        asset=_local(conf["asset"], base_dir) if conf.get("asset") else None,
-        options=dict(conf.get("options") or {}),
-        min_backend_version=conf.get("min_backend_version") or None,
-        num_speculative_tokens=k or default_k,
-        target=_local(conf["target"], base_dir) if conf.get("target") else None,
-        fixed=fixed,
-    )
+    listed = isinstance(conf.get("num_speculative_tokens"), list)
+    lengths = _proposal_lengths(conf.get("num_speculative_tokens", default_k), key, loc)
+    if listed and family == BASELINE_FAMILY:
+        raise loc.error(f"{key}.num_speculative_tokens", "the target-only baseline proposes nothing")
+    return [
+        Candidate(
+            group=group,
+            enabled=bool(conf.get("enabled", True)),
+            family=family,
+            method=conf.get("method") or None,
+            asset=_local(conf["asset"], base_dir) if conf.get("asset") else None,
+            options=dict(conf.get("options") or {}),
+            min_backend_version=conf.get("min_backend_version") or None,
+            num_speculative_tokens=k,
+            target=_local(conf["target"], base_dir) if conf.get("target") else None,
+            fixed=fixed,
+            k_in_name=listed and len(lengths) > 1,
+        )
+        for k in lengths
+    ]
 
 
 def _gates(g: Mapping[str, Any], loc: _Locator) -> Thresholds:
@@ -311,8 +335,12 @@ def study_from_mapping(
         raise loc.error("target.source", f"{t['source']!r} must be one of 'auto', 'local', 'huggingface'")
     run = _run(data["run"], loc)
     k = run["num_speculative_tokens"]
-    candidates = [_candidate(g, data["strategies"].get(g) or {}, True, k, loc, base_dir) for g in GROUPS]
-    candidates += [_candidate(n, c, False, k, loc, base_dir) for n, c in data["candidates"].items()]
+    candidates = [
+        c for g in GROUPS for c in _candidates(g, data["strategies"].get(g) or {}, True, k, loc, base_dir)
+    ]
+    candidates += [
+        c for n, t in data["candidates"].items() for c in _candidates(n, t, False, k, loc, base_dir)
+    ]
     results = _path(_typed(data["results_dir"], str, "results_dir", loc), base_dir)
     aa = run.pop("aa_calibration")
     study = Study(

@@ -42,9 +42,11 @@ class TestFamilies:
         first["asset_kind"] = "paired_checkpoint"
         assert families.classify_speculative_strategy("ngram")["asset_kind"] == "none"
 
-    @pytest.mark.parametrize("bad", ["", "medusa", "draft_model", "baseline"])
+    @pytest.mark.parametrize("bad", ["", "medusa", "lookahead", "baseline"])
     def test_unknown_families_are_rejected_with_the_known_list(self, bad):
-        with pytest.raises(ValueError, match="known families: dflash, dspark, eagle, mtp, ngram"):
+        with pytest.raises(
+            ValueError, match="known families: dflash, draft_model, dspark, eagle, mtp, ngram, suffix"
+        ):
             families.family_contract(bad)
 
 

@@ -427,6 +427,35 @@ class TestHouse:
             manifest["groups"][-1]["group"] == "x_lookahead" and not manifest["groups"][-1]["fixed_identity"]
         )
 
+    def test_each_proposal_length_is_a_candidate_with_its_own_id_and_evidence(self, project):
+        p = project(
+            "{'g1_ngram-k3': FakeScript(token_s=0.004), 'g1_ngram-k5': FakeScript(token_s=0.01)}",
+            study=STUDY + "[specsel.strategies.g1_ngram]\nnum_speculative_tokens = [3, 5]\n",
+        )
+        result = p.runpytest("--specsel-cpu", "--specsel-label", "ks", "-k", "general-c1", "-v")
+        result.stdout.fnmatch_lines(
+            [
+                "*test_candidate[[]g1_ngram-k3-general-c1[]] PASSED*",
+                "*test_candidate[[]g1_ngram-k5-general-c1[]] *",
+            ]
+        )
+        handoff = _handoff(p, "ks")
+        assert handoff["proposal_lengths"]["g1_ngram"] == {"3": "g1_ngram-k3", "5": "g1_ngram-k5"}
+        k3, k5 = handoff["candidates"]["g1_ngram-k3"], handoff["candidates"]["g1_ngram-k5"]
+        assert (k3["speculative_config"]["k"], k5["speculative_config"]["k"]) == (3, 5)
+        assert k3["scenarios"]["general-c1"]["decision"]["verdict"] == "accept"
+        assert k5["scenarios"]["general-c1"]["decision"]["verdict"] != "accept"
+        summary = json.loads((p.path / "results" / "ks" / "groups" / "g1_ngram-k3.json").read_text())
+        assert summary["group"] == "g1_ngram" and summary["proposal_lengths"] == {
+            "3": "g1_ngram-k3",
+            "5": "g1_ngram-k5",
+        }
+        rows = [g for g in _manifest(p, "ks")["groups"] if g["group"] == "g1_ngram"]
+        assert [(g["candidate"], g["num_speculative_tokens"]) for g in rows] == [
+            ("g1_ngram-k3", 3),
+            ("g1_ngram-k5", 5),
+        ]
+
     def test_the_session_plugin_carries_the_session_hooks(self, pytester):
         config = pytester.parseconfigure()
         plugin = config.pluginmanager.get_plugin("specsel-session")

@@ -102,6 +102,29 @@ def test_a_strategy_override_keeps_the_other_defaults(tmp_path):
     assert (g3.asset, g3.method, g3.family) == ("/models/eagle3", "eagle3", "eagle")
 
 
+def test_each_listed_proposal_length_is_a_candidate_of_its_own(tmp_path):
+    write(
+        tmp_path,
+        """
+        [specsel.strategies.g1_ngram]
+        num_speculative_tokens = [3, 5]
+        [specsel.candidates.x_suffix]
+        family = "suffix"
+        method = "suffix"
+        num_speculative_tokens = [8]
+    """,
+    )
+    study = load_study(None, tmp_path)
+    names = [c.name for c in study.candidates]
+    assert names[:3] == ["g0_target_only", "g1_ngram-k3", "g1_ngram-k5"]
+    # A one-element list keeps the table's name, as a plain integer does.
+    assert names[-1] == "x_suffix" and study.candidate("x_suffix").num_speculative_tokens == 8
+    assert [c.num_speculative_tokens for c in study.variants("g1_ngram")] == [3, 5]
+    assert study.candidate("g1_ngram-k5").options == {"prompt_lookup_min": 3, "prompt_lookup_max": 5}
+    with pytest.raises(KeyError):
+        study.candidate("g1_ngram")  # two candidates: the name must say which
+
+
 @pytest.mark.parametrize(
     "body,line,needle",
     [
@@ -127,6 +150,26 @@ def test_a_strategy_override_keeps_the_other_defaults(tmp_path):
         ("[specsel.run]\nrounds = 4\nmax_rounds = 3\n", 3, "run.max_rounds: 3 must be >= run.rounds (4)"),
         ("[specsel.run]\nconfidence = 1.0\n", 2, "run.confidence: 1.0 must lie in [0.5, 1)"),
         ('[specsel.candidates.G7]\nfamily = "ngram"\n', 1, "must use a-z, 0-9 and '_'"),
+        (
+            "[specsel.strategies.g1_ngram]\nnum_speculative_tokens = [3, 3]\n",
+            2,
+            "strategies.g1_ngram.num_speculative_tokens: [3, 3] lists a proposal length twice",
+        ),
+        (
+            "[specsel.strategies.g1_ngram]\nnum_speculative_tokens = [3, 0]\n",
+            2,
+            "must be a positive integer or a non-empty list of them",
+        ),
+        (
+            '[specsel.strategies.g1_ngram]\nnum_speculative_tokens = "3"\n',
+            2,
+            "'3' must be of type int or list",
+        ),
+        (
+            "[specsel.strategies.g0_target_only]\nnum_speculative_tokens = [2, 3]\n",
+            2,
+            "the target-only baseline proposes nothing",
+        ),
     ],
 )
 def test_audit_errors_name_file_line_key_and_form(tmp_path, body, line, needle):
