@@ -46,6 +46,9 @@ def backend_gate(candidate: Candidate, capability: Capability) -> tuple[bool, st
         capability.version, candidate.min_backend_version
     ):
         return False, f"{name} < {candidate.min_backend_version} (min_backend_version of {candidate.group})"
+    problem = capability.method_problems.get(candidate.method or candidate.family)
+    if problem is not None:
+        return False, problem
     if candidate.method is not None:
         if candidate.method not in capability.methods:
             return False, (
@@ -58,6 +61,8 @@ def backend_gate(candidate: Candidate, capability: Capability) -> tuple[bool, st
 
 def admission_facts(candidate: Candidate, capability: Capability, assets: AssetFacts) -> AdmissionFacts:
     supported, backend_detail = backend_gate(candidate, capability)
+    if supported and assets.backend_problem is not None:
+        supported, backend_detail = False, assets.backend_problem
     return AdmissionFacts(
         enabled=candidate.enabled,
         backend_supported=supported,

@@ -75,6 +75,9 @@ class Capability:
     runtime: Mapping[str, Any]
     #: why probing failed, when it did
     error: str | None = None
+    #: methods (or families the backend detects from the asset) that this install declares
+    #: but cannot run, and why, in the backend's words (e.g. a missing dependency)
+    method_problems: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -94,6 +97,9 @@ class AssetFacts:
     memory_limit_gb: float | None
     #: per gate ("asset", "compatibility", "capacity"): why
     details: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: the backend has no path for this candidate with this target (e.g. no MTP model for
+    #: the target's architecture): admission says unsupported, with this reason
+    backend_problem: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

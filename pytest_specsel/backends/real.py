@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -19,8 +20,11 @@ from pytest_specsel.backends.vllm import TELEMETRY_ORIGIN
 from pytest_specsel.backends.vllm import VllmLauncher
 from pytest_specsel.backends.vllm import VllmServer
 from pytest_specsel.backends.vllm import speculative_config_json
+from pytest_specsel.backends.vllm_probe import mtp_target_problem
 from pytest_specsel.backends.vllm_probe import probe_vllm
 from pytest_specsel.backends.vllm_probe import resolve_vllm_command
+from pytest_specsel.families import family_contract
+from pytest_specsel.records import AssetKind
 from pytest_specsel.records import Device
 from pytest_specsel.study import Candidate
 from pytest_specsel.study import Study
@@ -35,12 +39,26 @@ class VllmProber:
         self.device = Device(device)
         self.rootdir = rootdir
         self.vllm_override = vllm_override
+        #: vLLM's answer per target folder: is there an MTP model for it?
+        self._mtp: dict[str, str | None] = {}
 
     def probe(self) -> Capability:
         return probe_vllm(self.device, self.vllm_override)
 
     def inspect(self, study: Study, candidate: Candidate, capability: Capability) -> AssetFacts:
-        return inspect_assets(study, candidate, capability, self.rootdir)
+        facts = inspect_assets(study, candidate, capability, self.rootdir)
+        native = (
+            not candidate.target_only
+            and family_contract(candidate.family).asset_kind is AssetKind.TARGET_NATIVE
+        )
+        python = capability.runtime.get("backend_python")
+        if native and facts.target_path and python and capability.error is None:
+            key = facts.target_path
+            if key not in self._mtp:
+                self._mtp[key] = mtp_target_problem(str(python), Path(key), capability.version)
+            if self._mtp[key] is not None:
+                return dataclasses.replace(facts, backend_problem=self._mtp[key])
+        return facts
 
     def wait_released(self, timeout_s: float) -> bool:
         if self.device is not Device.CUDA:

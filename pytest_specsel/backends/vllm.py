@@ -247,6 +247,13 @@ class VllmLauncher:
                         server.log_tail(),
                     )
                 if _ready(client, server.base_url, spec.served_name):
+                    problem = loaded_mismatch(server.log_path, spec.speculative)
+                    if problem is not None:
+                        raise LaunchError(
+                            f"specsel: vllm serve for {spec.name}: {problem}; log {server.log_path}",
+                            server.log_path,
+                            server.log_tail(),
+                        )
                     return
                 time.sleep(self.poll_s)
         raise LaunchError(
@@ -273,6 +280,53 @@ def root_cause(log_path: Path) -> str:
         if match and "WARNING" not in line:
             return f"{match.group(1)}: {match.group(2)[:300]}"
     return "unknown"
+
+
+#: what the engine says it loaded, in its "Initializing a V1 LLM engine ... with config:" line
+_LOADED = re.compile(
+    r"speculative_config=(?:None|SpeculativeConfig\(method='(?P<method>[^']*)', "
+    r"model=(?:None|'(?P<model>[^']*)'), num_spec_tokens=(?P<k>\d+)\))"
+)
+
+
+def loaded_speculative(log_path: Path) -> tuple[str, str | None, int] | None | str:
+    """(method, model, k) the engine reports it loaded; None for no speculative config;
+    "unknown" when the log has no engine config line."""
+    try:
+        text = log_path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "unknown"
+    match = _LOADED.search(text)
+    if match is None:
+        return "unknown"
+    if match.group("method") is None:
+        return None
+    return match.group("method"), match.group("model"), int(match.group("k"))
+
+
+def loaded_mismatch(log_path: Path, asked: SpeculativeConfig | None) -> str | None:
+    """Did vLLM load what was asked? vLLM decides the method partly from the proposer's
+    path and architecture (a draft model in a folder named "eagle-..." becomes an EAGLE
+    head), so a candidate could otherwise run as another mechanism under its label."""
+    loaded = loaded_speculative(log_path)
+    if loaded == "unknown":
+        return None  # older or quieter vLLM: nothing to compare with
+    if asked is None:
+        return None if loaded is None else f"vLLM loaded speculative config {loaded} for a target-only server"
+    if loaded is None or isinstance(loaded, str):
+        return "vLLM loaded no speculative config although one was passed"
+    method, model, k = loaded
+    if asked.method is not None and method != asked.method:
+        return (
+            f"vLLM loaded method {method!r} (proposer {model!r}), not the {asked.method!r} this candidate "
+            "asked for: vLLM decides the method partly from the checkpoint's path and architecture; "
+            "rename the proposer folder or fix the candidate's method"
+        )
+    if k != asked.num_speculative_tokens:
+        return f"vLLM loaded num_spec_tokens={k}, not the {asked.num_speculative_tokens} asked for"
+    if asked.proposer_path is not None and model is not None and Path(model) != Path(asked.proposer_path):
+        return f"vLLM loaded proposer {model!r}, not {asked.proposer_path!r}"
+    return None
 
 
 def _ready(client: httpx.Client, base_url: str, served_name: str) -> bool:

