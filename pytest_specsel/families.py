@@ -30,10 +30,24 @@ __all__ = [
 #: the family name of the target-only baseline (G0); not a proposer family
 BASELINE_FAMILY = "baseline"
 _BASE_TELEMETRY = ("proposed_tokens", "accepted_tokens")
-#: checks for a proposer that reads the target's hidden states
+#: checks for a proposer that reads the target's hidden states (EAGLE-1/EAGLE-3 heads)
 _FEATURE_CHECKS = (
+    PairCheck.KIND,
     PairCheck.VOCAB,
     PairCheck.HIDDEN_SIZE,
+    PairCheck.LAYERS,
+    PairCheck.DRAFT_VOCAB,
+    PairCheck.SPECIAL_TOKENS,
+    PairCheck.DECLARED_TARGET,
+)
+#: checks for a parallel drafter (DFlash, DSpark): the same and its mask token
+_BLOCK_CHECKS = (
+    PairCheck.KIND,
+    PairCheck.VOCAB,
+    PairCheck.HIDDEN_SIZE,
+    PairCheck.LAYERS,
+    PairCheck.MASK_TOKEN,
+    PairCheck.DRAFT_VOCAB,
     PairCheck.SPECIAL_TOKENS,
     PairCheck.DECLARED_TARGET,
 )
@@ -97,7 +111,7 @@ register_family(
         AssetKind.PAIRED_CHECKPOINT,
         Dependency.PARALLEL_BLOCK,
         _BASE_TELEMETRY,
-        (PairCheck.VOCAB, PairCheck.SPECIAL_TOKENS, PairCheck.DECLARED_TARGET),
+        _BLOCK_CHECKS,
     )
 )
 register_family(
@@ -106,7 +120,7 @@ register_family(
         AssetKind.PAIRED_CHECKPOINT,
         Dependency.SEMI_AUTOREGRESSIVE,
         (*_BASE_TELEMETRY, "verified_tokens"),
-        (PairCheck.VOCAB, PairCheck.SPECIAL_TOKENS, PairCheck.DECLARED_TARGET),
+        _BLOCK_CHECKS,
     )
 )
 # Beside G0-G5, as extra candidates: a smaller model with the target's tokenizer drafting
@@ -117,7 +131,7 @@ register_family(
         AssetKind.PAIRED_CHECKPOINT,
         Dependency.AUTOREGRESSIVE,
         _BASE_TELEMETRY,
-        (PairCheck.VOCAB, PairCheck.SPECIAL_TOKENS, PairCheck.DECLARED_TARGET),
+        (PairCheck.KIND, PairCheck.VOCAB, PairCheck.SPECIAL_TOKENS, PairCheck.DECLARED_TARGET),
     ),
     aliases=("draft",),
 )

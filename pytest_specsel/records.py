@@ -142,9 +142,13 @@ class Pairing(enum.StrEnum):
 class PairCheck(enum.StrEnum):
     """A static target/proposer check a family needs (see ``backends/models.check_pair``)."""
 
+    KIND = "kind"  # the checkpoint is of the slot's family (``checkpoints.classify``)
     VOCAB = "vocab"
     #: the proposer reads the target's hidden states: widths must agree
     HIDDEN_SIZE = "hidden_size"
+    LAYERS = "layers"  # the target layers the proposer reads exist
+    MASK_TOKEN = "mask_token"  # the parallel-drafting mask token is a target token id
+    DRAFT_VOCAB = "draft_vocab"  # a reduced draft vocabulary ships its d2t map
     SPECIAL_TOKENS = "special_tokens"
     DECLARED_TARGET = "declared_target"
 

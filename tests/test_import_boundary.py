@@ -9,6 +9,7 @@ CORE = [
     "pytest_specsel",
     "pytest_specsel.records",
     "pytest_specsel.families",
+    "pytest_specsel.checkpoints",
     "pytest_specsel.admission",
     "pytest_specsel.evidence",
     "pytest_specsel.decision",

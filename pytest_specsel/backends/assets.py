@@ -75,14 +75,15 @@ def _proposer(
             True,
             {"asset": f"proposer {candidate.asset!r} is not a local folder nor in the caches"},
         )
-    checks = family_contract(candidate.family).pair_checks
-    compatible, why = models.check_pair(target.path, target_ref, asset.path, checks)
-    return (
-        asset,
-        True,
-        compatible,
-        {"asset": f"proposer {asset.path} ({asset.snapshot})", "compatibility": why},
+    contract = family_contract(candidate.family)
+    compatible, why = models.check_pair(
+        target.path, target_ref, asset.path, contract.pair_checks, family=contract.family
     )
+    details = {"asset": f"proposer {asset.path} ({asset.snapshot})", "compatibility": why}
+    identity = models.identify(asset.path)
+    if identity is not None:
+        details["checkpoint"] = identity.describe()
+    return asset, True, compatible, details
 
 
 def _estimate(

@@ -13,11 +13,15 @@ import hashlib
 import json
 import os
 import struct
+from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pytest_specsel import checkpoints
+from pytest_specsel.checkpoints import MTP_KEYS
+from pytest_specsel.checkpoints import CheckpointIdentity
 from pytest_specsel.records import PairCheck
 
 __all__ = [
@@ -25,9 +29,11 @@ __all__ = [
     "cache_dirs",
     "check_pair",
     "estimate_memory_gb",
+    "identify",
     "native_mtp",
     "read_json",
     "resolve_model",
+    "safetensors_tensor_names",
     "safetensors_weight_bytes",
 ]
 
@@ -46,15 +52,6 @@ _DTYPE_BYTES = {
     "F8_E5M2": 1,
 }
 _SERVE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
-#: keys of config.json that declare native MTP layers (the contract's and vLLM's spellings)
-MTP_KEYS = ("num_nextn_predict_layers", "num_mtp_modules", "mtp_num_hidden_layers")
-#: keys under which a draft checkpoint names the target it was trained for
-_DECLARED_TARGET_KEYS = (
-    "target_model",
-    "target_model_name_or_path",
-    "base_model_name_or_path",
-    "verifier_name_or_path",
-)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -147,18 +144,6 @@ def native_mtp(config: Mapping[str, Any], backend_mtp_types: Iterable[str] = ())
     return False, f"model_type {model_type!r} has none of {', '.join(MTP_KEYS)}{hint}"
 
 
-def _declared_target(config: Mapping[str, Any]) -> str | None:
-    for key in _DECLARED_TARGET_KEYS:
-        if isinstance(config.get(key), str) and config[key]:
-            return str(config[key])
-    spec = config.get("speculators_config")
-    if isinstance(spec, Mapping):
-        verifier = spec.get("verifier")
-        if isinstance(verifier, Mapping) and isinstance(verifier.get("name_or_path"), str):
-            return str(verifier["name_or_path"])
-    return None
-
-
 def _special_tokens(folder: Path) -> dict[str, Any]:
     conf = read_json(folder / "tokenizer_config.json")
     out = {}
@@ -171,39 +156,48 @@ def _special_tokens(folder: Path) -> dict[str, Any]:
     return out
 
 
-def _check_vocab(t_conf: Mapping[str, Any], p_conf: Mapping[str, Any]) -> str | None:
-    t_vocab, p_vocab = t_conf.get("vocab_size"), p_conf.get("vocab_size")
-    if t_vocab is not None and p_vocab is not None and t_vocab != p_vocab:
-        return f"vocab_size: target {t_vocab} != proposer {p_vocab}"
-    return None
-
-
-def _check_hidden(t_conf: Mapping[str, Any], p_conf: Mapping[str, Any]) -> str | None:
-    t_hidden, p_hidden = t_conf.get("hidden_size"), p_conf.get("hidden_size")
-    if t_hidden is not None and p_hidden is not None and t_hidden != p_hidden:
-        return f"hidden_size: target {t_hidden} != proposer {p_hidden} (the proposer reads target features)"
-    return None
+def identify(folder: Path) -> CheckpointIdentity | None:
+    """The checkpoint kind of a folder (``checkpoints.classify``); None without config.json."""
+    config = read_json(folder / "config.json")
+    return checkpoints.classify(config, safetensors_tensor_names(folder)) if config else None
 
 
 def check_pair(
-    target: Path, target_ref: str, proposer: Path, checks: Iterable[PairCheck]
+    target: Path,
+    target_ref: str,
+    proposer: Path,
+    checks: Iterable[PairCheck],
+    *,
+    family: str | None = None,
 ) -> tuple[bool, str]:
     """Static target/proposer contract, the family's checks in order; returns
-    (compatible, which field failed or what agreed)."""
+    (compatible, which field failed or what agreed).
+
+    :param family: the slot's canonical family, which :attr:`PairCheck.KIND` checks against.
+    :raises ValueError: when the checks hold KIND and no family is given.
+    """
     t_conf, p_conf = read_json(target / "config.json"), read_json(proposer / "config.json")
     if not p_conf:
         return False, f"proposer {proposer} has no config.json"
+    names = safetensors_tensor_names(proposer)
+    identity = checkpoints.classify(p_conf, names)
     checks = tuple(checks)
+    if PairCheck.KIND in checks and family is None:
+        raise ValueError("specsel: check_pair: the kind check needs the slot's family (family=...)")
+    runs: dict[PairCheck, Callable[[], str | None]] = {
+        PairCheck.KIND: lambda: checkpoints.check_kind(str(family), identity),
+        PairCheck.VOCAB: lambda: checkpoints.check_vocab(identity, t_conf),
+        PairCheck.HIDDEN_SIZE: lambda: checkpoints.check_feature_width(identity, t_conf),
+        PairCheck.LAYERS: lambda: checkpoints.check_layers(identity, t_conf),
+        PairCheck.MASK_TOKEN: lambda: checkpoints.check_mask_token(identity, t_conf),
+        PairCheck.DRAFT_VOCAB: lambda: checkpoints.check_draft_vocab(identity, t_conf, names),
+        PairCheck.SPECIAL_TOKENS: lambda: _check_special_tokens(target, proposer),
+        PairCheck.DECLARED_TARGET: lambda: _check_declared_target(
+            identity.declared_target, target, target_ref
+        ),
+    }
     for check in checks:
-        problem = None
-        if check is PairCheck.VOCAB:
-            problem = _check_vocab(t_conf, p_conf)
-        elif check is PairCheck.HIDDEN_SIZE:
-            problem = _check_hidden(t_conf, p_conf)
-        elif check is PairCheck.SPECIAL_TOKENS:
-            problem = _check_special_tokens(target, proposer)
-        elif check is PairCheck.DECLARED_TARGET:
-            problem = _check_declared_target(p_conf, target, target_ref)
+        problem = runs[check]()
         if problem is not None:
             return False, problem
     return True, f"{', '.join(c.value for c in checks) or 'nothing to check'}: agree"
@@ -217,8 +211,7 @@ def _check_special_tokens(target: Path, proposer: Path) -> str | None:
     return None
 
 
-def _check_declared_target(p_conf: Mapping[str, Any], target: Path, target_ref: str) -> str | None:
-    declared = _declared_target(p_conf)
+def _check_declared_target(declared: str | None, target: Path, target_ref: str) -> str | None:
     if declared is None:
         return None
     wanted = declared.rstrip("/").split("/")[-1].lower()
@@ -228,31 +221,47 @@ def _check_declared_target(p_conf: Mapping[str, Any], target: Path, target_ref: 
     return None
 
 
+def _safetensors_tensors(folder: Path) -> dict[str, Any] | None:
+    """Tensor name -> header entry over the folder's safetensors files (shards included);
+    None when there are none. Only the headers are read."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    tensors: dict[str, Any] = {}
+    for file in files:
+        with file.open("rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(length))
+        tensors.update((k, v) for k, v in header.items() if k != "__metadata__")
+    return tensors
+
+
+def safetensors_tensor_names(folder: Path) -> frozenset[str] | None:
+    """Tensor names from safetensors headers; None when the folder has no safetensors files
+    (a ``.bin``-only checkpoint: its names are unknown, not empty)."""
+    tensors = _safetensors_tensors(folder)
+    return None if tensors is None else frozenset(tensors)
+
+
 def safetensors_weight_bytes(folder: Path, serve_dtype: str | None = None) -> int | None:
     """Sum of tensor sizes from safetensors headers (no weights are read).
 
     :param serve_dtype: count each floating tensor at this dtype's size, as served.
     :return: bytes, or None when the folder has no safetensors files.
     """
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
+    tensors = _safetensors_tensors(folder)
+    if tensors is None:
         return None
     serve = _SERVE_BYTES.get(serve_dtype or "")
     total = 0
-    for file in files:
-        with file.open("rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(length))
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            count = 1
-            for dim in info["shape"]:
-                count *= int(dim)
-            size = _DTYPE_BYTES.get(info["dtype"], 2)
-            if serve and info["dtype"] in ("F32", "F16", "BF16"):
-                size = serve
-            total += count * size
+    for info in tensors.values():
+        count = 1
+        for dim in info["shape"]:
+            count *= int(dim)
+        size = _DTYPE_BYTES.get(info["dtype"], 2)
+        if serve and info["dtype"] in ("F32", "F16", "BF16"):
+            size = serve
+        total += count * size
     return total
 
 

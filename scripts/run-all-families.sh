@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Every proposer family the CPU backend can serve, for real (benchmarks/profiles/
+# cpu_all_families.toml): set up, train the toy draft model and build the structural DFlash
+# drafter when missing, then run the selection. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SPECSEL_PROPOSERS="eagle3 draft dflash" bash scripts/setup-cpu.sh
+VENV=${SPECSEL_VENV:-.venv}
+exec "$VENV/bin/python" -m pytest benchmarks --specsel-cpu -p no:cacheprovider -rsxf \
+  --specsel-config benchmarks/profiles/cpu_all_families.toml "$@"
