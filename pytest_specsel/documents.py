@@ -160,6 +160,8 @@ def manifest_document(
                 "run_status": s.run_status.value,
                 "reason": _reason(s),
                 "detail": s.failure or s.admission.detail,
+                # e.g. "toy: trained for minutes on CPU; ..." for the repo's own proposers
+                "proposer_quality": s.assets.details.get("proposer_quality") if s.assets else None,
                 "summary_path": f"groups/{s.name}.json",
                 "backend_log": relative(s.log_path, header.root),
                 "raw_paths": [relative(r.raw_path, header.root) for r in s.scenarios.values()],

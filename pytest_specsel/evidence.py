@@ -8,6 +8,7 @@ missing (``incomplete``), or everything is there (``comparable``, with the ratio
 from __future__ import annotations
 
 from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 from pytest_specsel.records import EvidenceStatus
@@ -27,12 +28,18 @@ REQUIRED_METRICS = ("throughput_tokens_per_s", "ttft_p95_ms", "e2e_p95_ms", "pea
 
 
 def build_pair_evidence(
-    baseline: RunSummary, candidate: RunSummary, *, require_speculative: bool = True
+    baseline: RunSummary,
+    candidate: RunSummary,
+    *,
+    require_speculative: bool = True,
+    required_telemetry: Sequence[str] = (),
 ) -> PairEvidence:
     """Pair a baseline with a candidate for one scenario.
 
     :param require_speculative: False only for an A/A calibration candidate (a second
         target-only server), which has no speculative path to show.
+    :param required_telemetry: the family's telemetry (``FamilyContract.telemetry``); each
+        one the backend did not report is missing evidence (``telemetry_verified_tokens``).
     :return: the evidence; ratios are candidate / baseline and only set when comparable.
     """
     if not (baseline.run_status is RunStatus.COMPLETED and candidate.run_status is RunStatus.COMPLETED):
@@ -56,6 +63,8 @@ def build_pair_evidence(
         missing.append("speculative_execution_path")
     if require_speculative and candidate.mechanism_active is not True:
         missing.append("observed_speculative_proposals")
+    if require_speculative and candidate.execution_path is ExecutionPath.SPECULATIVE:
+        missing += [f"telemetry_{t}" for t in required_telemetry if t not in candidate.telemetry_fields]
     if mismatches:
         return PairEvidence(
             EvidenceStatus.INCOMPARABLE,

@@ -17,6 +17,7 @@ from pytest_specsel import documents
 from pytest_specsel.artifacts import RunPaths
 from pytest_specsel.backends.protocol import BackendBundle
 from pytest_specsel.backends.protocol import ServerHandle
+from pytest_specsel.families import family_contract
 from pytest_specsel.interleave import RoundRunner
 from pytest_specsel.interleave import run_pairs
 from pytest_specsel.measurement import Round
@@ -42,6 +43,13 @@ from pytest_specsel.study import Study
 from pytest_specsel.workloads import Workload
 
 __all__ = ["ScenarioMeter"]
+
+
+def _telemetry_of(state: CandidateState | None) -> tuple[str, ...]:
+    """The telemetry the candidate's family must report (none for a target-only one)."""
+    if state is None or state.candidate.target_only:
+        return ()
+    return family_contract(state.candidate.family).telemetry
 
 
 class ScenarioMeter:
@@ -215,6 +223,7 @@ class ScenarioMeter:
                 pairing=pairing,
                 calibration=state is not None and state.candidate.calibration,
                 strict_parity=s.strict_parity,
+                required_telemetry=_telemetry_of(state),
             )
             result = paired()
             if result.parity is not None and not result.parity.quality_ok and servers is not None:

@@ -18,6 +18,7 @@ from pytest_specsel.intervals import RoundFigures
 from pytest_specsel.intervals import paired_intervals
 from pytest_specsel.measurement import RequestRecord
 from pytest_specsel.measurement import Round
+from pytest_specsel.measurement import SpecTelemetry
 from pytest_specsel.measurement import noise_floor
 from pytest_specsel.measurement import pool_rounds
 from pytest_specsel.parity import ParityResult
@@ -72,7 +73,17 @@ def run_summary(
         peak_memory_mb=memory.peak_mb if memory else None,
         quality_ok=True if role is Role.BASELINE else None,
         mechanism_active=telemetry.mechanism_active if telemetry else None,
+        telemetry_fields=telemetry_fields(telemetry),
     )
+
+
+def telemetry_fields(telemetry: SpecTelemetry | None) -> tuple[str, ...]:
+    """The contract's telemetry names the window has figures for (no backend here reports
+    ``verified_tokens``: vLLM exports drafts, draft tokens and accepted tokens)."""
+    if telemetry is None:
+        return ()
+    have = {"proposed_tokens": telemetry.draft_tokens, "accepted_tokens": telemetry.accepted_tokens}
+    return tuple(name for name, value in have.items() if value is not None)
 
 
 def request_parity(reference: Sequence[RequestRecord], actual: Sequence[RequestRecord]) -> ParityResult:
@@ -149,6 +160,7 @@ def pair(
     calibration: bool = False,
     ties: TieCheck | None = None,
     strict_parity: bool = False,
+    required_telemetry: Sequence[str] = (),
 ) -> ScenarioResult:
     """The candidate's result with parity, intervals, evidence and decision against the
     baseline rounds it was paired with (``baseline.rounds``, pair i beside candidate round i)."""
@@ -163,7 +175,9 @@ def pair(
             ok = parity.quality_ok or (parity.near_tie is True and not strict_parity)
             summary = dataclasses.replace(summary, quality_ok=ok)
     base_summary = baseline.summary if baseline else RunSummary(None, Role.BASELINE)
-    evidence = build_pair_evidence(base_summary, summary, require_speculative=not calibration)
+    evidence = build_pair_evidence(
+        base_summary, summary, require_speculative=not calibration, required_telemetry=required_telemetry
+    )
     flags = tuple(sorted({f for r in (*base_rounds, *candidate.rounds) for f in r.flags}))
     evidence = _with_intervals(evidence, base_rounds, candidate.rounds, level)
     evidence = dataclasses.replace(evidence, pairing=pairing, flags=flags)

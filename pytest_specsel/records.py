@@ -293,6 +293,8 @@ class RunSummary:
     peak_memory_mb: float | None = None
     quality_ok: bool | None = None
     mechanism_active: bool | None = None
+    #: the family telemetry the backend reported over the window (proposed_tokens, ...)
+    telemetry_fields: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

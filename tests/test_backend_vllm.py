@@ -392,8 +392,22 @@ class TestRealInspect:
         )
         assert result.status.value == "runnable", result
         assert facts.details["checkpoint"] == "eagle3_head: architectures ['LlamaForCausalLMEagle3']"
+        assert "proposer_quality" not in facts.details
         assert facts.asset_path == str((tmp_path / "eagle").resolve())
         assert facts.target_snapshot.startswith("sha256:")
+
+    def test_a_toy_proposer_says_it_is_one(self, tmp_path):
+        self.target(tmp_path)
+        write_model(
+            tmp_path / "head",
+            {"architectures": ["LlamaForCausalLMEagle3"], "vocab_size": 100, "hidden_size": 64},
+            tensors={"midlayer.self_attn.q_proj.weight": ("BF16", [64, 128])},
+        )
+        note = "toy: trained for minutes on CPU; its acceptance says nothing about the method"
+        (tmp_path / "head" / "specsel_provenance.json").write_text(json.dumps({"quality": note}))
+        study = '[specsel.target]\nmodel = "target"\n[specsel.strategies.g3_eagle]\nasset = "head"\n'
+        _, facts = self.admit(tmp_path, study, "g3_eagle")
+        assert facts.details["proposer_quality"] == note
 
     def test_a_mismatched_checkpoint_is_incompatible_naming_the_field(self, tmp_path):
         self.target(tmp_path)

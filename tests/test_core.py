@@ -118,6 +118,18 @@ class TestEvidence:
         assert ev.status is EvidenceStatus.INCOMPLETE
         assert ev.missing_evidence == ("speculative_execution_path",)
 
+    def test_a_family_telemetry_the_backend_does_not_report_is_missing(self):
+        """DSpark needs verified_tokens; vLLM exports only drafts, draft and accepted tokens."""
+        reported = ("proposed_tokens", "accepted_tokens")
+        candidate = _run("candidate", telemetry_fields=reported)
+        dspark = families.family_contract("dspark").telemetry
+        ev = evidence.build_pair_evidence(_run("baseline"), candidate, required_telemetry=dspark)
+        assert ev.status is EvidenceStatus.INCOMPLETE
+        assert ev.missing_evidence == ("telemetry_verified_tokens",)
+        eagle = families.family_contract("eagle").telemetry
+        ev = evidence.build_pair_evidence(_run("baseline"), candidate, required_telemetry=eagle)
+        assert ev.status is EvidenceStatus.COMPARABLE
+
     def test_missing_metrics_are_named(self):
         ev = evidence.build_pair_evidence(
             _run("baseline", ttft_p95_ms=None), _run("candidate", peak_memory_mb=None)

@@ -83,6 +83,10 @@ def _proposer(
     identity = models.identify(asset.path)
     if identity is not None:
         details["checkpoint"] = identity.describe()
+    # A proposer built by this repo says what it is (toy_proposers: trained for minutes).
+    quality = models.read_json(asset.path / "specsel_provenance.json").get("quality")
+    if isinstance(quality, str):
+        details["proposer_quality"] = quality
     return asset, True, compatible, details
 
 
