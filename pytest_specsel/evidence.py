@@ -49,22 +49,7 @@ def build_pair_evidence(
             candidate_run_status=candidate.run_status,
         )
     mismatches = tuple(f for f in FIXED_FIELDS if getattr(baseline, f) != getattr(candidate, f))
-    missing = [f for f in REQUIRED_METRICS if getattr(baseline, f) is None or getattr(candidate, f) is None]
-    if candidate.quality_ok is None:
-        missing.append("quality_ok")
-    # A zero baseline figure makes a ratio meaningless; it is missing evidence, not infinity.
-    for f in ("throughput_tokens_per_s", "ttft_p95_ms", "e2e_p95_ms"):
-        if getattr(baseline, f) == 0:
-            missing.append(f"nonzero_baseline_{f}")
-    if require_speculative and not (
-        baseline.execution_path is ExecutionPath.TARGET_ONLY
-        and candidate.execution_path is ExecutionPath.SPECULATIVE
-    ):
-        missing.append("speculative_execution_path")
-    if require_speculative and candidate.mechanism_active is not True:
-        missing.append("observed_speculative_proposals")
-    if require_speculative and candidate.execution_path is ExecutionPath.SPECULATIVE:
-        missing += [f"telemetry_{t}" for t in required_telemetry if t not in candidate.telemetry_fields]
+    missing = _missing(baseline, candidate, require_speculative, required_telemetry)
     if mismatches:
         return PairEvidence(
             EvidenceStatus.INCOMPARABLE,
@@ -163,3 +148,27 @@ def build_speculative_pair_evidence(
     """Dict face of :func:`build_pair_evidence` with the seed's keys."""
     evidence = build_pair_evidence(run_summary_from_mapping(baseline), run_summary_from_mapping(candidate))
     return evidence_to_mapping(evidence)
+
+
+def _missing(
+    baseline: RunSummary, candidate: RunSummary, require_speculative: bool, required_telemetry: Sequence[str]
+) -> list[str]:
+    """What a completed pair lacks to be compared: figures, quality, the speculative path,
+    observed proposals, the family's telemetry."""
+    missing = [f for f in REQUIRED_METRICS if getattr(baseline, f) is None or getattr(candidate, f) is None]
+    if candidate.quality_ok is None:
+        missing.append("quality_ok")
+    # A zero baseline figure makes a ratio meaningless; it is missing evidence, not infinity.
+    for f in ("throughput_tokens_per_s", "ttft_p95_ms", "e2e_p95_ms"):
+        if getattr(baseline, f) == 0:
+            missing.append(f"nonzero_baseline_{f}")
+    if require_speculative and not (
+        baseline.execution_path is ExecutionPath.TARGET_ONLY
+        and candidate.execution_path is ExecutionPath.SPECULATIVE
+    ):
+        missing.append("speculative_execution_path")
+    if require_speculative and candidate.mechanism_active is not True:
+        missing.append("observed_speculative_proposals")
+    if require_speculative and candidate.execution_path is ExecutionPath.SPECULATIVE:
+        missing += [f"telemetry_{t}" for t in required_telemetry if t not in candidate.telemetry_fields]
+    return missing

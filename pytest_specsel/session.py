@@ -77,6 +77,8 @@ class SpecselSession:
         self.study_error: str | None = None
         self.selection: Selection | None = None
         self.files: dict[str, Path] = {}
+        #: why report.html could not be written, shown in the terminal summary
+        self.report_error: str | None = None
         #: candidate -> scenarios selected in this session, in collection order
         self.wanted: dict[str, list[Scenario]] = {}
 
@@ -185,12 +187,32 @@ class SpecselSession:
                 merged.update(part or {})
             return merged
 
-        self.files = self.selection.finish(extensions)
+        try:
+            self.files = self.selection.finish(extensions)
+        finally:
+            self._write_report()
+
+    def _write_report(self) -> None:
+        """report.html beside the JSON files, for every run (interrupted and failed ones too).
+        Written after them and from them: a failure here loses no result, it is reported."""
+        assert self.selection is not None
+        root = self.selection.paths.root
+        try:
+            from pytest_specsel.report import write_report
+
+            self.files["report"] = write_report(root)
+        except Exception as exc:  # a page must never cost the run its results
+            self.report_error = (
+                f"specsel: warning: report.html not written ({type(exc).__name__}: {exc}); the JSON "
+                f"files do not depend on it; rebuild it with: python -m pytest_specsel report {root}"
+            )
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         from pytest_specsel.reporting import write_summary
 
         write_summary(terminalreporter, self)
+        if self.report_error is not None:
+            terminalreporter.write_line(self.report_error, yellow=True)
 
     # -- servers ---------------------------------------------------------------------
     def open_group(self, name: str) -> GroupServer:
