@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A stand-in ``vllm`` executable for lifecycle tests: ``serve`` forks an "engine" child and
-answers /health, /v1/models and /metrics. FAKE_VLLM_MODE: ok | crash | hang."""
+answers /health, /v1/models and /metrics. FAKE_VLLM_MODE: ok | crash | crash_once | hang."""
 
 import json
 import os
@@ -29,6 +29,14 @@ def main():
             f.write(f"{os.getpid()}\n")
         while True:
             time.sleep(1)
+    if mode == "crash_once":
+        marker = os.environ["FAKE_VLLM_PIDFILE"] + ".crashed"
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            print(
+                "Fatal Python error: _Py_CheckRecursiveCall: Cannot recover from stack overflow.", flush=True
+            )
+            return 1
     if mode == "crash":
         print("RuntimeError: fake engine failed to load the model", flush=True)
         return 1

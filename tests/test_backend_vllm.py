@@ -104,6 +104,14 @@ class TestLifecycle:
         assert "fake engine failed to load the model" in info.value.log_tail
         assert not any(alive(p) for p in engine_pids(tmp_path))
 
+    def test_an_interpreter_crash_while_starting_gets_one_more_start(self, spec, tmp_path, monkeypatch):
+        monkeypatch.setenv("FAKE_VLLM_MODE", "crash_once")
+        server = VllmLauncher((sys.executable, FAKE), poll_s=0.1).start(spec)
+        log = spec.log_path.read_text()
+        assert "Fatal Python error" in log and "starting it once more" in log
+        assert log.count("$ ") == 2  # both argv lines kept
+        server.stop(grace_s=2)
+
     def test_startup_timeout_names_the_setting_and_leaves_no_orphan(self, spec, tmp_path, monkeypatch):
         monkeypatch.setenv("FAKE_VLLM_MODE", "hang")
         spec = dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, startup_timeout_s=1.0))

