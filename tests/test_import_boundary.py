@@ -1,4 +1,5 @@
-"""The decision core imports no pytest, httpx, pynvml, vllm or prometheus_client."""
+"""The decision core imports no pytest, httpx, pynvml, vllm, prometheus_client, torch or
+matplotlib (the report's charts); compare and the report's page logic neither."""
 
 import subprocess
 import sys
@@ -34,6 +35,7 @@ CORE = [
     "pytest_specsel.runner",
     "pytest_specsel.outcome",
     "pytest_specsel.backends.protocol",
+    "pytest_specsel.compare",
 ]
 BLOCKED = [
     "pytest",
@@ -45,6 +47,8 @@ BLOCKED = [
     "prometheus_client",
     "torch",
     "huggingface_hub",
+    "matplotlib",
+    "transformers",
 ]
 
 
