@@ -80,7 +80,8 @@ max_rounds = 2
             "*specsel: speculative-decoding selection*",
             "g0_target_only-repetition-c1*completed*4/4 self*baseline",
             "g1_ngram-repetition-c1*completed*",
-            "g2_mtp: asset_missing: required_model_asset_unavailable*model_type 'llama' has none of*",
+            "g2_mtp: unsupported: backend_method_unavailable*no MTP model for target model_type 'llama'*",
+            "g5_dspark: unsupported: backend_method_unavailable*V1 does not support dspark*",
         ]
     )
     outcomes = result.parseoutcomes()
@@ -93,10 +94,10 @@ max_rounds = 2
     assert statuses == {
         "g0_target_only": "completed",
         "g1_ngram": "completed",
-        "g2_mtp": "asset_missing",
+        "g2_mtp": "unsupported",
         "g3_eagle": "asset_missing",
         "g4_dflash": "asset_missing",
-        "g5_dspark": "asset_missing",
+        "g5_dspark": "unsupported",
     }
     env = manifest["environment"]
     assert env["version"] and env["runtime"]["torch"] and env["device"] == "cpu"
