@@ -116,6 +116,10 @@ def speedup_chart(rows: Sequence[SpeedupRow], threshold: float | None, prefix: s
     if not rows:
         return None
 
+    # A label leans away from the nearer edge, so the one at either end stays inside the axes.
+    xs = [1.0, *(x for r in rows for x in (r.estimate, r.low, r.high) if x is not None)]
+    middle = (min(xs) + max(xs)) / 2 if threshold is None else (min(*xs, threshold) + max(*xs, threshold)) / 2
+
     def draw(fig: Figure) -> None:
         ax = fig.add_subplot()
         for y, row in enumerate(rows):
@@ -126,7 +130,12 @@ def speedup_chart(rows: Sequence[SpeedupRow], threshold: float | None, prefix: s
             bounds = f" [{row.low:.2f}, {row.high:.2f}]" if row.low is not None else ""
             label = f"{row.estimate:.2f}x{bounds} {row.state or ''}"
             ax.annotate(
-                label, (row.estimate, y), (0, 5), textcoords="offset points", ha="center", color=color
+                label,
+                (row.estimate, y),
+                (0, 5),
+                textcoords="offset points",
+                ha="right" if row.estimate > middle else "left",
+                color=color,
             )
         ax.axvline(1.0, color="#555555", linewidth=0.8, linestyle=":", label="1.0 (no change)")
         if threshold is not None:

@@ -11,6 +11,9 @@ import pytest
 # ends, and matplotlib does not survive being imported twice in one process.
 import pytest_specsel.report_charts  # noqa: F401
 from pytest_specsel.compare import compare_documents
+from tests.browser import keep_screenshot
+from tests.browser import need_browser
+from tests.browser import open_page
 
 CANDIDATE_TEST = """
 import pytest
@@ -199,6 +202,40 @@ class TestReportPage:
         assert "This run was interrupted" in page and " · interrupted</p>" in page
         assert "<tr><td>g1_ngram</td><td>5</td><td>general-c1</td><td>failed</td>" in page
         assert "error: interrupted" in page
+
+
+class TestInBrowser:
+    def test_the_page_loads_in_chromium_without_errors_or_network_and_draws_every_chart(
+        self, make_run, tmp_path
+    ):
+        need_browser()
+        root = make_run("a")
+        shot = tmp_path / "report-fake.png"
+        view = open_page(root / "report.html", shot)
+        keep_screenshot(shot)
+        assert (view.console_errors, view.page_errors, view.outside_requests) == ([], [], [])
+        assert view.title.startswith("specsel report")
+        assert sorted((c["kind"], c["scenario"]) for c in view.charts) == sorted(
+            (k, s) for k in ("speedup", "latency", "memory") for s in SCENARIOS
+        )
+        assert view.undrawn() == [], "charts laid out empty or too small"
+        assert view.tables >= 2
+        assert shot.stat().st_size > 20_000  # a blank page screenshots to a few kB
+
+    def test_the_check_catches_a_broken_page(self, tmp_path):
+        # The same checks on a page that errs, fetches from the network and draws nothing.
+        need_browser()
+        page = tmp_path / "broken.html"
+        page.write_text(
+            "<!doctype html><title>specsel report broken</title>"
+            '<figure class="chart" data-chart="speedup" data-scenario="s"><svg width="0" height="0"></svg></figure>'
+            '<img src="http://192.0.2.1/x.png"><script>console.error("boom"); undefined_call();</script>'
+        )
+        view = open_page(page)
+        assert view.console_errors == ["boom", "Failed to load resource: net::ERR_FAILED"]
+        assert len(view.page_errors) == 1 and "undefined_call" in view.page_errors[0]
+        assert view.outside_requests == ["http://192.0.2.1/x.png"]
+        assert [c["kind"] for c in view.undrawn()] == ["speedup"]
 
 
 class TestCompareCommand:

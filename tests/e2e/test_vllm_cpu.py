@@ -14,6 +14,9 @@ import pytest
 from pytest_specsel.backends.bundled import BUNDLED_REPO_ID
 from pytest_specsel.backends.vllm_probe import probe_vllm
 from pytest_specsel.backends.vllm_probe import resolve_vllm_command
+from tests.browser import keep_screenshot
+from tests.browser import need_browser
+from tests.browser import open_page
 
 pytestmark = [
     pytest.mark.e2e,
@@ -140,3 +143,14 @@ max_rounds = 2
     # No server outlives the run: no process is left with this run's served name.
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert "--served-model-name smol " not in ps
+
+    # The run's page, opened in headless Chromium: no error, nothing fetched, every chart drawn,
+    # acceptance by position among them (G1's counters are real here).
+    need_browser()
+    shot = pytester.path / "report-e2e.png"
+    view = open_page(root / "report.html", shot)
+    keep_screenshot(shot)
+    assert (view.console_errors, view.page_errors, view.outside_requests) == ([], [], [])
+    assert {c["kind"] for c in view.charts} >= {"speedup", "latency", "acceptance", "memory"}
+    assert view.undrawn() == []
+    assert (root / "report.html").stat().st_size < 2_000_000
