@@ -13,11 +13,11 @@ TTFT; printed as the geometric mean with a 95 % t-interval over the pairs (the m
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from vllm_bench import vllm_bench_serve
 
 from pytest_specsel.backends.client import HttpBenchClient
 from pytest_specsel.backends.protocol import LaunchSpec
@@ -47,52 +47,18 @@ def _theirs(
     index: int,
 ) -> tuple[float, float]:
     """One ``vllm bench serve`` round: (output tok/s, median TTFT ms)."""
-    data = out / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": p.prompt}) + "\n" for p in workload.prompts))
-    name = f"vllm_bench_{index}.json"
-    argv = [
-        *command,
-        "bench",
-        "serve",
-        "--backend",
-        "openai-chat",
-        "--base-url",
+    result = vllm_bench_serve(
+        command,
         base_url,
-        "--endpoint",
-        "/v1/chat/completions",
-        "--model",
         model,
-        "--tokenizer",
         tokenizer,
-        "--dataset-name",
-        "custom",
-        "--dataset-path",
-        str(data),
-        "--skip-chat-template",
-        "--disable-shuffle",
-        "--custom-output-len",
-        str(max_tokens),
-        "--num-prompts",
-        str(len(workload.prompts)),
-        "--max-concurrency",
-        str(concurrency),
-        "--request-rate",
-        "inf",
-        "--temperature",
-        "0",
-        "--num-warmups",
-        str(warmup),
-        "--save-result",
-        "--result-dir",
-        str(out),
-        "--result-filename",
-        name,
-    ]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1200)
-    (out / f"vllm_bench_{index}.stdout.txt").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        raise RuntimeError(f"vllm bench serve failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    result = json.loads((out / name).read_text())
+        [p.prompt for p in workload.prompts],
+        concurrency,
+        max_tokens,
+        warmup,
+        out,
+        f"vllm_bench_{index}",
+    )
     return float(result["output_throughput"]), float(result["median_ttft_ms"])
 
 

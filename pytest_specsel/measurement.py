@@ -17,6 +17,7 @@ from pytest_specsel.records import TelemetrySource
 from pytest_specsel.records import to_json
 
 __all__ = [
+    "ClientLoad",
     "MemoryReading",
     "NoiseFloor",
     "RequestRecord",
@@ -246,6 +247,36 @@ def request_to_json(r: RequestRecord) -> dict[str, Any]:
 #: a window whose requests waited longer than this on average in the server's queue is
 #: flagged: the concurrency asked for was not what the server ran
 QUEUED_AFTER_S = 0.1
+#: the client is called saturated when its event loop was busy this share of the window ...
+CLIENT_BUSY_SHARE = 0.9
+#: ... or when its loop answered late, on average, by more than this share of the median gap
+#: between tokens (a chunk read that late carries that much error into its TTFT or ITL) ...
+CLIENT_LAG_SHARE_OF_ITL = 0.1
+#: ... and by more than this many ms (below it, timer resolution and scheduling noise)
+CLIENT_LAG_FLOOR_MS = 1.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClientLoad:
+    """How busy the measuring client was over a measured window: if it, not the server, was
+    the bottleneck, throughput is capped and TTFT and ITL carry its own queueing."""
+
+    #: how late the client's event loop woke for a short timer, over the window
+    loop_lag_mean_ms: float
+    loop_lag_p99_ms: float
+    #: CPU seconds the event loop's thread used / wall seconds of the window
+    loop_cpu_share: float
+    #: client processes (1: one event loop for every stream)
+    processes: int = 1
+
+    def saturated(self, itl_p50_ms: float | None) -> bool:
+        if self.loop_cpu_share >= CLIENT_BUSY_SHARE:
+            return True
+        limit = max(CLIENT_LAG_FLOOR_MS, CLIENT_LAG_SHARE_OF_ITL * (itl_p50_ms or 0.0))
+        return self.loop_lag_mean_ms > limit
+
+    def to_json(self) -> dict[str, Any]:
+        return to_json(self)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -267,6 +298,8 @@ class Round:
     prefix_cache_hits: float | None = None
     #: mean seconds a request of the window waited in the server's queue (its own histogram)
     queue_wait_s: float | None = None
+    #: how busy the client was (None where the client does not measure itself)
+    client_load: ClientLoad | None = None
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -278,6 +311,9 @@ class Round:
             found.append("prefix_cache_hits")
         if self.queue_wait_s is not None and self.queue_wait_s > QUEUED_AFTER_S:
             found.append("queued_requests")
+        itl = self.figures.get("itl_p50_ms") if self.figures is not None else None
+        if self.client_load is not None and self.client_load.saturated(itl):
+            found.append("client_saturated")
         return tuple(found)
 
     def to_json(self) -> dict[str, Any]:

@@ -134,9 +134,10 @@ def measure_round(
     error: str | None = None
     requests: tuple[RequestRecord, ...] = ()
     duration = 0.0
+    load = None
     try:
         run = bundle.client.run(spec, ReplayHooks(sink, progress, meter.open if window else None))
-        requests, duration = run.requests, run.duration_s
+        requests, duration, load = run.requests, run.duration_s, run.client_load
     except KeyboardInterrupt as exc:
         interrupt, requests, error = exc, tuple(sink), "interrupted"
     except Exception as exc:
@@ -147,7 +148,7 @@ def measure_round(
         error = f"{len(bad)} of {len(requests)} requests failed; first: {bad[0].error}"
     figures = scenario_figures(requests, duration) if requests and duration else None
     measured = Round(
-        role, index, requests, duration, figures, telemetry, memory, error, queries, hits, queue_wait
+        role, index, requests, duration, figures, telemetry, memory, error, queries, hits, queue_wait, load
     )
     return measured, interrupt
 

@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import time
 
 import httpx
 import pytest
@@ -218,3 +219,70 @@ def test_warmup_sends_the_warmup_prompts_never_the_measured_ones():
     )
     client.run(spec)
     assert [s["messages"][0]["content"] for s in seen] == ["warm a", "warm b", "warm a", "measured one"]
+
+
+def _timed_stream(hold):
+    """A transport whose every response sends 6 chunks, calling ``hold()`` before each."""
+
+    async def body():
+        for i in range(6):
+            await hold()
+            yield sse(content("x", [i]), done=False)
+        yield sse(usage(6))
+
+    return httpx.MockTransport(lambda r: httpx.Response(200, content=body(), headers=SSE_HEADERS))
+
+
+class TestClientLoad:
+    """The client measures its own event loop over the measured window, so a round can say
+    when the client, not the server, may have shaped its figures."""
+
+    prompts = [Prompt(f"r{i}", "p") for i in range(4)]
+
+    def test_a_client_waiting_on_the_server_is_not_saturated(self):
+        async def wait():
+            await asyncio.sleep(0.02)
+
+        run = run_client(HttpBenchClient(transport=_timed_stream(wait)), self.prompts, concurrency=2)
+        load = run.client_load
+        assert load is not None and load.loop_cpu_share < 0.5
+        assert not load.saturated(itl_p50_ms=20.0)
+
+    @pytest.mark.parametrize("hands_back", [True, False], ids=["hands-back", "never-hands-back"])
+    def test_a_loop_blocked_between_chunks_shows_as_lag(self, hands_back):
+        async def block():
+            time.sleep(0.02)  # stands for work that holds the loop (parsing, too many streams)
+            if hands_back:
+                await asyncio.sleep(0)  # a read hands the loop back, as a socket's would
+
+        run = run_client(HttpBenchClient(transport=_timed_stream(block)), self.prompts, concurrency=2)
+        load = run.client_load
+        assert load is not None and load.loop_lag_mean_ms > 5 and load.loop_lag_p99_ms >= 15
+        assert load.saturated(itl_p50_ms=20.0)
+
+    def test_a_loop_busy_computing_shows_as_its_cpu_share(self):
+        async def spin():
+            end = time.perf_counter() + 0.02
+            while time.perf_counter() < end:
+                pass
+            await asyncio.sleep(0)
+
+        run = run_client(HttpBenchClient(transport=_timed_stream(spin)), self.prompts, concurrency=2)
+        assert run.client_load is not None and run.client_load.loop_cpu_share > 0.9
+        assert run.client_load.saturated(itl_p50_ms=1000.0)
+
+
+def test_a_saturated_client_flags_its_round():
+    from pytest_specsel.measurement import ClientLoad
+    from pytest_specsel.measurement import Round
+    from pytest_specsel.records import Role
+
+    def flags(load):
+        return Round(Role.CANDIDATE, 0, (), 1.0, None, None, None, client_load=load).flags
+
+    assert flags(ClientLoad(0.2, 0.5, 0.95)) == ("client_saturated",)  # busy loop
+    assert flags(ClientLoad(3.0, 9.0, 0.3)) == ("client_saturated",)  # late beyond 1 ms (no ITL known)
+    assert flags(ClientLoad(0.5, 2.0, 0.3)) == ()
+    assert flags(None) == ()
+    assert ClientLoad(3.0, 9.0, 0.3).saturated(itl_p50_ms=50.0) is False  # 3 ms is 6 % of a 50 ms gap
+    assert ClientLoad(6.0, 9.0, 0.3).saturated(itl_p50_ms=50.0) is True

@@ -17,10 +17,12 @@ from typing import Any
 import httpx
 from httpx_sse import aconnect_sse
 
+from pytest_specsel import stats
 from pytest_specsel.backends.protocol import ClientRun
 from pytest_specsel.backends.protocol import ReplayHooks
 from pytest_specsel.backends.protocol import ReplaySpec
 from pytest_specsel.backends.protocol import WarmupError
+from pytest_specsel.measurement import ClientLoad
 from pytest_specsel.measurement import RequestRecord
 from pytest_specsel.measurement import TokenLogprob
 from pytest_specsel.workloads import Prompt
@@ -153,6 +155,50 @@ async def stream_one(
     return record(error)
 
 
+#: the lag probe's timer: short enough to see a busy loop, rare enough to cost nothing
+LAG_PROBE_S = 0.005
+
+
+class LoadProbe:
+    """Measures the event loop it runs on over a window: how late a short timer fires (the
+    delay every stream's next chunk also waits) and the CPU share of the loop's thread."""
+
+    def __init__(self) -> None:
+        self._lags: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+        self._wall = self._cpu = self._due = 0.0
+
+    async def _sample(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._due = loop.time() + LAG_PROBE_S
+            await asyncio.sleep(LAG_PROBE_S)
+            self._lags.append(max(loop.time() - self._due, 0.0) * 1000)
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._wall, self._cpu = time.perf_counter(), time.thread_time()
+        self._due = loop.time() + LAG_PROBE_S
+        self._task = loop.create_task(self._sample())
+
+    def stop(self) -> ClientLoad | None:
+        if self._task is None:
+            return None
+        self._task.cancel()
+        wall = time.perf_counter() - self._wall
+        cpu = time.thread_time() - self._cpu
+        # The timer still pending is late by now, however long the loop never came back to it.
+        late = asyncio.get_running_loop().time() - self._due
+        lags = [*self._lags, late * 1000] if late > 0 else self._lags
+        if not lags or wall <= 0:
+            return None
+        return ClientLoad(
+            loop_lag_mean_ms=round(stats.mean(lags) or 0.0, 3),
+            loop_lag_p99_ms=round(stats.percentile(lags, 99) or 0.0, 3),
+            loop_cpu_share=round(min(cpu / wall, 1.0), 3),
+        )
+
+
 class HttpBenchClient:
     """:class:`~pytest_specsel.backends.protocol.BenchClient` over HTTP."""
 
@@ -194,6 +240,8 @@ class HttpBenchClient:
             done = 0
             if hooks.on_measured_start is not None:
                 hooks.on_measured_start()
+            probe = LoadProbe()
+            probe.start()
             start = self._clock()
 
             async def one(rep: int, p: Prompt) -> None:
@@ -206,8 +254,11 @@ class HttpBenchClient:
                 if hooks.progress is not None:
                     hooks.progress(done, len(jobs))
 
-            await asyncio.gather(*(one(rep, p) for rep, p in jobs))
+            try:
+                await asyncio.gather(*(one(rep, p) for rep, p in jobs))
+            finally:
+                load = probe.stop()
             duration = self._clock() - start
         order = {(rep, p.request_id): i for i, (rep, p) in enumerate(jobs)}
         ordered = sorted(sink, key=lambda r: order.get((r.repeat, r.request_id), len(order)))
-        return ClientRun(tuple(ordered), spec.warmup, duration)
+        return ClientRun(tuple(ordered), spec.warmup, duration, load)

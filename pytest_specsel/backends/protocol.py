@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 from typing import Protocol
 
+from pytest_specsel.measurement import ClientLoad
 from pytest_specsel.measurement import MemoryReading
 from pytest_specsel.measurement import RequestRecord
 from pytest_specsel.measurement import ServerCounters
@@ -148,6 +149,8 @@ class ClientRun:
     requests: tuple[RequestRecord, ...]
     warmup_requests: int
     duration_s: float
+    #: how busy the client itself was over the measured window, where it measures that
+    client_load: ClientLoad | None = None
 
 
 #: progress callback: (done, total) of measured requests
