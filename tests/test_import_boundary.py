@@ -1,4 +1,4 @@
-"""The decision core imports no pytest, httpx, pynvml, vllm, prometheus_client, torch or
+"""The decision core imports no pytest, httpx, aiohttp, pynvml, vllm, prometheus_client, torch or
 matplotlib (the report's charts); compare and the report's page logic neither."""
 
 import subprocess
@@ -41,7 +41,8 @@ BLOCKED = [
     "pytest",
     "_pytest",
     "httpx",
-    "httpx_sse",
+    "aiohttp",
+    "uvloop",
     "pynvml",
     "vllm",
     "prometheus_client",
@@ -63,6 +64,6 @@ def test_core_module_imports_without_heavy_dependencies(module):
 
 
 def test_the_boundary_check_can_fail():
-    code = "import sys\nsys.modules['httpx'] = None\nimport pytest_specsel.backends.client\n"
+    code = "import sys\nsys.modules['aiohttp'] = None\nimport pytest_specsel.backends.client\n"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert proc.returncode != 0 and "httpx" in proc.stderr
+    assert proc.returncode != 0 and "aiohttp" in proc.stderr
