@@ -68,13 +68,16 @@ def _ours(
     run = HttpBenchClient().run(spec)
     ok = [r for r in run.requests if r.ok]
     itls = [x for r in ok for x in r.itl_ms]
+    load = run.client_load
     return {
         "failed": len(run.requests) - len(ok),
         "output_throughput": sum(r.output_tokens or 0 for r in ok) / run.duration_s,
         "mean_ttft_ms": statistics.fmean(r.ttft_ms or 0.0 for r in ok),
         "mean_itl_ms": statistics.fmean(itls) if itls else None,
         "duration": run.duration_s,
-        "client": run.client_load.to_json() if run.client_load is not None else None,
+        "client": load.to_json() if load is not None else None,
+        # the flag a measured round would carry (measurement.Round.flags)
+        "client_saturated": load is not None and load.saturated(statistics.median(itls) if itls else None),
     }
 
 
@@ -171,7 +174,12 @@ def main() -> int:
                     print(
                         f"c{c} #{i} {side:4s}: {run['output_throughput']:8.0f} tok/s, mean TTFT "
                         f"{run['mean_ttft_ms']:6.1f} ms, mean ITL {run['mean_itl_ms'] or 0:5.2f} ms"
-                        + (f", client {run['client']}" if run.get("client") else ""),
+                        + (
+                            f", loop lag {run['client']['loop_lag_mean_ms']:.1f} ms, loop busy "
+                            f"{run['client']['loop_cpu_share']:.0%}, saturated: {run['client_saturated']}"
+                            if run.get("client")
+                            else ""
+                        ),
                         flush=True,
                     )
     finally:
@@ -191,7 +199,9 @@ def main() -> int:
     print("ours / vllm bench serve: median [min, max] over repeats")
     for c, s in summary.items():
         line = ", ".join(f"{k} {v['median']:.2f} [{v['min']:.2f}, {v['max']:.2f}]" for k, v in s.items())
-        print(f"  c{c}: {line}")
+        ours = [r for r in runs if r["concurrency"] == int(c) and r["side"] == "ours"]
+        flagged = sum(bool(r["client_saturated"]) for r in ours)
+        print(f"  c{c}: {line}; client_saturated in {flagged} of {len(ours)} runs")
     return 0
 
 
