@@ -8,7 +8,7 @@ clock (``time.perf_counter`` by default), never the wall clock.
 aiohttp and a small server-sent-events splitter, not httpx + httpx-sse: on a mock server of
 known timing, at 64 and 256 streams on 2 cores, httpx (with or without uvloop) held its event
 loop busy 99 % of the time and added 27-45 ms (c64) and 185-325 ms (c256) to the mean TTFT,
-where aiohttp added 3-6 and 49-74 ms at 1.3x and 2.2-2.8x the throughput (README "Measuring
+where aiohttp added 3-6 and 49-74 ms at 1.2-1.4x and 2.0-2.8x the throughput (README "Measuring
 client").
 """
 
