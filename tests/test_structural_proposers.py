@@ -139,3 +139,19 @@ def test_speculative_configs(tmp_path: Path) -> None:
         "num_speculative_tokens": 3,
     }
     assert configs["G5"] == {"method": "dspark", "num_speculative_tokens": 3}
+
+
+def test_the_toy_proposer_command_builds_the_dflash_drafter_once(tmp_path: Path, capsys) -> None:
+    """`toy_proposers --kind dflash` (scripts/run-all-families.sh) once ended in KeyError."""
+    from pytest_specsel.backends import toy_proposers
+
+    target = _target()
+    folders = toy_proposers.prepare(target, tmp_path, ("dflash",))
+    out = folders["dflash"]
+    assert out == tmp_path / toy_proposers.DFLASH_DIR
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
+    assert "built" in capsys.readouterr().out
+    stamp = (out / "model.safetensors").stat().st_mtime_ns
+    toy_proposers.prepare(target, tmp_path, ("dflash",))
+    assert "toy dflash proposer reused" in capsys.readouterr().out
+    assert (out / "model.safetensors").stat().st_mtime_ns == stamp

@@ -136,6 +136,24 @@ def _target_snapshot(target: Path) -> str:
     return json.loads(marker.read_text()).get("gguf_sha256", target.name) if marker.is_file() else target.name
 
 
+def _structural_dflash(target: Path, out: Path, snapshot: str, seed: int = 0) -> Path:
+    """The untrained, structurally valid DFlash drafter (``structural_proposers``), built once
+    per target snapshot and seed; nothing to train, so no self-generated text is needed."""
+    from pytest_specsel.backends import structural_proposers
+
+    key = json.dumps({"kind": "dflash-structural", "seed": seed, "target": snapshot}, sort_keys=True)
+    if _cached(out, key) is not None:
+        print(f"specsel: toy dflash proposer reused: {out}")
+        return out
+    structural_proposers.build_dflash(target, out, seed)
+    marker = out / _PROVENANCE
+    marker.write_text(
+        json.dumps({**json.loads(marker.read_text()), "recipe_key": key}, indent=2, sort_keys=True) + "\n"
+    )
+    print(f"specsel: toy dflash proposer built (structural, untrained): {out}")
+    return out
+
+
 def prepare(
     target: Path, root: Path, kinds: tuple[str, ...] = ("draft", "eagle3"), threads: int = 2
 ) -> dict[str, Path]:
@@ -150,6 +168,9 @@ def prepare(
     folders: dict[str, Path] = {}
     text: selftext.SelfText | None = None
     for kind in kinds:
+        if kind == "dflash":
+            folders[kind] = _structural_dflash(target, root / DFLASH_DIR, snapshot)
+            continue
         recipe, name, train = recipes[kind]
         out = root / name
         key = recipe.key(snapshot)
