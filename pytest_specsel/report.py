@@ -39,6 +39,7 @@ _CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:1.5em auto;max-width:1200px;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1.2em;font-size:13px}
 th,td{border:1px solid #ccc;padding:3px 6px;vertical-align:top;text-align:left}
+td small,td:last-child{overflow-wrap:anywhere}
 th{background:#f2f2f2}small{color:#555}code,pre{font-size:12px}
 pre{white-space:pre-wrap;background:#f7f7f7;padding:.5em;max-height:30em;overflow:auto}
 .passed,.accept{background:#e3f4e4}.failed,.reject{background:#fbe3e3}

@@ -56,6 +56,9 @@ class PageView:
     outside_requests: list[str] = field(default_factory=list)
     charts: list[dict[str, object]] = field(default_factory=list)
     tables: int = 0
+    #: the page's laid-out width (px); wider than the window means a sideways scroll
+    page_width: int = 0
+    window_width: int = 0
     browser: str = ""
 
     def undrawn(self, min_size: int = 50, min_marks: int = 5) -> list[dict[str, object]]:
@@ -127,6 +130,8 @@ def open_page(page_path: Path, screenshot: Path | None = None, width: int = 1280
             view.title = page.title()
             view.charts = page.evaluate(_CHARTS_JS)
             view.tables = page.evaluate("document.querySelectorAll('table').length")
+            view.page_width = page.evaluate("document.documentElement.scrollWidth")
+            view.window_width = width
             if screenshot is not None:
                 page.screenshot(path=str(screenshot), full_page=True)
         finally:

@@ -220,6 +220,8 @@ class TestInBrowser:
         )
         assert view.undrawn() == [], "charts laid out empty or too small"
         assert view.tables >= 2
+        # no sideways scroll at 1280 px: long reason codes once made the page 1480 px wide
+        assert view.page_width <= view.window_width
         assert shot.stat().st_size > 20_000  # a blank page screenshots to a few kB
 
     def test_the_check_catches_a_broken_page(self, tmp_path):

@@ -152,5 +152,5 @@ max_rounds = 2
     keep_screenshot(shot)
     assert (view.console_errors, view.page_errors, view.outside_requests) == ([], [], [])
     assert {c["kind"] for c in view.charts} >= {"speedup", "latency", "acceptance", "memory"}
-    assert view.undrawn() == []
+    assert view.undrawn() == [] and view.page_width <= view.window_width
     assert (root / "report.html").stat().st_size < 2_000_000
