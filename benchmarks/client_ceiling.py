@@ -34,16 +34,11 @@ from pytest_specsel.backends.bundled import default_cache_dir
 from pytest_specsel.backends.bundled import prepare
 from pytest_specsel.backends.client import HttpBenchClient
 from pytest_specsel.backends.protocol import ReplaySpec
+from pytest_specsel.backends.vllm import free_port
 from pytest_specsel.backends.vllm_probe import resolve_vllm_command
 from pytest_specsel.workloads import Prompt
 
 HERE = Path(__file__).resolve().parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _start_mock(port: int, ttft_ms: float, itl_ms: float, tokens: int) -> subprocess.Popen[bytes]:
@@ -156,7 +151,7 @@ def main() -> int:
         print("client_ceiling: no vllm executable (bash scripts/setup-cpu.sh)", file=sys.stderr)
         return 2
     tokenizer = str(prepare(default_cache_dir()))
-    port = _free_port()
+    port = free_port()
     mock = _start_mock(port, args.ttft_ms, args.itl_ms, args.tokens)
     base_url = f"http://127.0.0.1:{port}"
     runs: list[dict[str, Any]] = []

@@ -21,6 +21,8 @@ import asyncio
 import json
 import time
 
+from pytest_specsel.backends.client import run_loop
+
 MODEL = "mock"
 
 
@@ -112,12 +114,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     args = parser.parse_args()
     server = MockServer(args.ttft_ms / 1000, args.itl_ms / 1000, args.tokens)
-    try:
-        import uvloop
-    except ImportError:  # plain asyncio: slower, still correct
-        asyncio.run(serve(args.host, args.port, server))
-    else:
-        uvloop.run(serve(args.host, args.port, server))
+    run_loop(serve(args.host, args.port, server))  # uvloop where installed, as the client
 
 
 if __name__ == "__main__":

@@ -117,8 +117,9 @@ def speedup_chart(rows: Sequence[SpeedupRow], threshold: float | None, prefix: s
         return None
 
     # A label leans away from the nearer edge, so the one at either end stays inside the axes.
-    xs = [1.0, *(x for r in rows for x in (r.estimate, r.low, r.high) if x is not None)]
-    middle = (min(xs) + max(xs)) / 2 if threshold is None else (min(*xs, threshold) + max(*xs, threshold)) / 2
+    marks = (threshold, *(x for r in rows for x in (r.estimate, r.low, r.high)))
+    xs = [1.0, *(x for x in marks if x is not None)]
+    middle = (min(xs) + max(xs)) / 2
 
     def draw(fig: Figure) -> None:
         ax = fig.add_subplot()

@@ -234,8 +234,10 @@ def build_dflash(
     target_layer_ids: Sequence[int] = DFLASH_TARGET_LAYER_IDS,
     mask_token_id: int = DFLASH_MASK_TOKEN_ID,
     block_size: int = DFLASH_BLOCK_SIZE,
+    recipe_key: str | None = None,
 ) -> Path:
-    """Write an untrained one-layer DFlash drafter for ``target`` into ``out``; return ``out``."""
+    """Write an untrained one-layer DFlash drafter for ``target`` into ``out``; return ``out``.
+    ``recipe_key`` goes into its provenance, for a cache to recognise it."""
     from safetensors.torch import save_file
 
     draft_config = dflash_config_for(_read_config(target), target_layer_ids, mask_token_id, block_size)
@@ -251,6 +253,8 @@ def build_dflash(
         "copied_from_target_last_layer": copied,
         "quality": "structural: untrained; a launch attempt, its acceptance says nothing about DFlash",
     }
+    if recipe_key is not None:
+        facts["recipe_key"] = recipe_key
     return _publish(staging, out, facts)
 
 

@@ -145,11 +145,7 @@ def _structural_dflash(target: Path, out: Path, snapshot: str, seed: int = 0) ->
     if _cached(out, key) is not None:
         print(f"specsel: toy dflash proposer reused: {out}")
         return out
-    structural_proposers.build_dflash(target, out, seed)
-    marker = out / _PROVENANCE
-    marker.write_text(
-        json.dumps({**json.loads(marker.read_text()), "recipe_key": key}, indent=2, sort_keys=True) + "\n"
-    )
+    structural_proposers.build_dflash(target, out, seed, recipe_key=key)
     print(f"specsel: toy dflash proposer built (structural, untrained): {out}")
     return out
 
