@@ -30,13 +30,13 @@ from typing import Any
 
 from vllm_bench import vllm_bench_serve
 
-from pytest_specsel.backends.bundled import default_cache_dir
-from pytest_specsel.backends.bundled import prepare
-from pytest_specsel.backends.client import HttpBenchClient
-from pytest_specsel.backends.protocol import ReplaySpec
-from pytest_specsel.backends.vllm import free_port
-from pytest_specsel.backends.vllm_probe import resolve_vllm_command
-from pytest_specsel.workloads import Prompt
+from pytest_specsel.backends.vllm.client import HttpBenchClient
+from pytest_specsel.backends.vllm.launcher import free_port
+from pytest_specsel.backends.vllm.probe import resolve_vllm_command
+from pytest_specsel.core.protocol import ReplaySpec
+from pytest_specsel.core.workloads import Prompt
+from pytest_specsel.embedded.bundled import default_cache_dir
+from pytest_specsel.embedded.bundled import prepare
 
 HERE = Path(__file__).resolve().parent
 

@@ -7,7 +7,7 @@ the workload's frozen prompts once with pytest-specsel's client or with ``vllm b
 serve`` (aiohttp), in ABBA order (ours, theirs, theirs, ours, ...), each preceded by the
 same warmup. Per round pair, the ratio ours / theirs of output throughput and of median
 TTFT; printed as the geometric mean with a 95 % t-interval over the pairs (the method of
-``pytest_specsel.intervals``), so "we agree with vllm bench serve" is a measured interval.
+``pytest_specsel.core.intervals``), so "we agree with vllm bench serve" is a measured interval.
 """
 
 from __future__ import annotations
@@ -19,19 +19,19 @@ from pathlib import Path
 
 from vllm_bench import vllm_bench_serve
 
-from pytest_specsel.backends.client import HttpBenchClient
-from pytest_specsel.backends.protocol import LaunchSpec
-from pytest_specsel.backends.protocol import ReplaySpec
-from pytest_specsel.backends.real import VllmProber
-from pytest_specsel.backends.vllm import VllmLauncher
-from pytest_specsel.backends.vllm_probe import probe_vllm
-from pytest_specsel.gating import speculative_config
-from pytest_specsel.intervals import paired_log_ratio_interval
-from pytest_specsel.measurement import scenario_figures
-from pytest_specsel.records import Device
-from pytest_specsel.study_file import load_study
-from pytest_specsel.workloads import Workload
-from pytest_specsel.workloads import load_workload
+from pytest_specsel.backends.vllm.backend import VllmProber
+from pytest_specsel.backends.vllm.client import HttpBenchClient
+from pytest_specsel.backends.vllm.launcher import VllmLauncher
+from pytest_specsel.backends.vllm.probe import probe_vllm
+from pytest_specsel.core.gating import speculative_config
+from pytest_specsel.core.intervals import paired_log_ratio_interval
+from pytest_specsel.core.measurement import scenario_figures
+from pytest_specsel.core.protocol import LaunchSpec
+from pytest_specsel.core.protocol import ReplaySpec
+from pytest_specsel.core.records import Device
+from pytest_specsel.core.workloads import Workload
+from pytest_specsel.core.workloads import load_workload
+from pytest_specsel.study.file import load_study
 
 
 def _theirs(

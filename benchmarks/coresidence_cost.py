@@ -17,18 +17,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pytest_specsel.backends.protocol import LaunchSpec
-from pytest_specsel.backends.protocol import ServerHandle
-from pytest_specsel.backends.real import make_vllm_backend
-from pytest_specsel.gating import speculative_config
-from pytest_specsel.records import Device
-from pytest_specsel.records import Role
-from pytest_specsel.records import SpeculativeConfig
-from pytest_specsel.replay import measure_round
-from pytest_specsel.replay import replay_spec
-from pytest_specsel.results import Scenario
-from pytest_specsel.study_file import load_study
-from pytest_specsel.workloads import load_workload
+from pytest_specsel.backends.vllm.backend import make_vllm_backend
+from pytest_specsel.core.gating import speculative_config
+from pytest_specsel.core.protocol import LaunchSpec
+from pytest_specsel.core.protocol import ServerHandle
+from pytest_specsel.core.records import Device
+from pytest_specsel.core.records import Role
+from pytest_specsel.core.records import SpeculativeConfig
+from pytest_specsel.core.results import Scenario
+from pytest_specsel.core.workloads import load_workload
+from pytest_specsel.run.replay import measure_round
+from pytest_specsel.run.replay import replay_spec
+from pytest_specsel.study.file import load_study
 
 
 def main() -> int:

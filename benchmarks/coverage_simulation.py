@@ -5,7 +5,7 @@
 Each simulated study measures one candidate scenario against its baseline through the
 shipped ``interleave.run_pairs`` (ABBA round pairs, a look after every pair from
 ``min_pairs`` to ``max_pairs``, stopping as soon as the verdict cannot change) with the
-shipped :class:`~pytest_specsel.intervals.RoundPolicy` defaults and intervals. The noise
+shipped :class:`~pytest_specsel.core.intervals.RoundPolicy` defaults and intervals. The noise
 model is meant to be worse than the CPU box:
 
 * the machine's speed drifts: a linear trend (up to +-3 % per round) plus a random walk
@@ -29,19 +29,19 @@ import math
 import random
 import sys
 
-from pytest_specsel.interleave import RoundRunner
-from pytest_specsel.interleave import ratio_states
-from pytest_specsel.interleave import run_pairs
-from pytest_specsel.intervals import RoundPolicy
-from pytest_specsel.intervals import paired_intervals
-from pytest_specsel.measurement import Round
-from pytest_specsel.measurement import ScenarioFigures
-from pytest_specsel.pairing import round_figures
-from pytest_specsel.records import GateOp
-from pytest_specsel.records import GateState
-from pytest_specsel.records import Role
-from pytest_specsel.records import Thresholds
-from pytest_specsel.stats import percentile
+from pytest_specsel.core.interleave import RoundRunner
+from pytest_specsel.core.interleave import ratio_states
+from pytest_specsel.core.interleave import run_pairs
+from pytest_specsel.core.intervals import RoundPolicy
+from pytest_specsel.core.intervals import paired_intervals
+from pytest_specsel.core.measurement import Round
+from pytest_specsel.core.measurement import ScenarioFigures
+from pytest_specsel.core.pairing import round_figures
+from pytest_specsel.core.records import GateOp
+from pytest_specsel.core.records import GateState
+from pytest_specsel.core.records import Role
+from pytest_specsel.core.records import Thresholds
+from pytest_specsel.core.stats import percentile
 
 GATES = {
     "throughput_speedup": (1.10, GateOp.AT_LEAST),

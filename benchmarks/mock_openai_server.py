@@ -21,7 +21,7 @@ import asyncio
 import json
 import time
 
-from pytest_specsel.backends.client import run_loop
+from pytest_specsel.backends.vllm.client import run_loop
 
 MODEL = "mock"
 

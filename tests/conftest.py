@@ -8,4 +8,4 @@ not survive being imported a second time in one process ("'Figure' object has no
 import contextlib
 
 with contextlib.suppress(ImportError):
-    import pytest_specsel.report_charts  # noqa: F401
+    import pytest_specsel.files.report_charts  # noqa: F401

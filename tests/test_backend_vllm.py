@@ -15,18 +15,18 @@ from pathlib import Path
 import pytest
 
 from pytest_specsel.backends import models
-from pytest_specsel.backends.protocol import LaunchError
-from pytest_specsel.backends.protocol import LaunchSpec
-from pytest_specsel.backends.telemetry import parse_spec_counters
-from pytest_specsel.backends.vllm import VllmLauncher
-from pytest_specsel.backends.vllm import build_serve_argv
-from pytest_specsel.backends.vllm_cpu_install import ensure_vllm_metadata
-from pytest_specsel.families import family_contract
-from pytest_specsel.gating import backend_gate
-from pytest_specsel.gating import version_at_least
-from pytest_specsel.records import Device
-from pytest_specsel.records import SpeculativeConfig
-from pytest_specsel.study_file import load_study
+from pytest_specsel.backends.vllm.install import ensure_vllm_metadata
+from pytest_specsel.backends.vllm.launcher import VllmLauncher
+from pytest_specsel.backends.vllm.launcher import build_serve_argv
+from pytest_specsel.backends.vllm.telemetry import parse_spec_counters
+from pytest_specsel.core.families import family_contract
+from pytest_specsel.core.gating import backend_gate
+from pytest_specsel.core.gating import version_at_least
+from pytest_specsel.core.protocol import LaunchError
+from pytest_specsel.core.protocol import LaunchSpec
+from pytest_specsel.core.records import Device
+from pytest_specsel.core.records import SpeculativeConfig
+from pytest_specsel.study.file import load_study
 
 EAGLE = family_contract("eagle").pair_checks
 DFLASH = family_contract("dflash").pair_checks
@@ -140,9 +140,9 @@ class TestLifecycle:
             textwrap.dedent(f"""
             import dataclasses, sys, time
             from pathlib import Path
-            from pytest_specsel.backends.protocol import LaunchSpec
-            from pytest_specsel.backends.vllm import VllmLauncher
-            from pytest_specsel.study_file import load_study
+            from pytest_specsel.core.protocol import LaunchSpec
+            from pytest_specsel.backends.vllm.launcher import VllmLauncher
+            from pytest_specsel.study.file import load_study
             study = load_study(None, Path({str(tmp_path)!r}))
             spec = LaunchSpec("g0", "/m", "s", dataclasses.replace(study.backend, startup_timeout_s=8.0), None,
                               Path({str(tmp_path)!r}) / "g0.log", "cpu")
@@ -166,7 +166,7 @@ class TestLifecycle:
 
 
 def test_root_cause_is_the_first_exception_not_the_wrapper(tmp_path):
-    from pytest_specsel.backends.vllm import root_cause
+    from pytest_specsel.backends.vllm.launcher import root_cause
 
     log = tmp_path / "g.log"
     log.write_text(
@@ -216,8 +216,8 @@ class TestCounters:
         assert parse_spec_counters(page).drafts == 5.0
 
     def test_deltas_give_rate_length_and_activity(self):
-        from pytest_specsel.measurement import SpecCounters
-        from pytest_specsel.measurement import telemetry_from_counters
+        from pytest_specsel.core.measurement import SpecCounters
+        from pytest_specsel.core.measurement import telemetry_from_counters
 
         t = telemetry_from_counters(
             SpecCounters(10, 50, 20, (8, 6)), SpecCounters(30, 150, 80, (28, 16)), "src"
@@ -368,10 +368,10 @@ class TestRealInspect:
         return load_study(None, tmp_path)
 
     def admit(self, tmp_path, body, group):
-        from pytest_specsel.admission import admit
         from pytest_specsel.backends.fake import fake_bundle
-        from pytest_specsel.backends.real import VllmProber
-        from pytest_specsel.gating import admission_facts
+        from pytest_specsel.backends.vllm.backend import VllmProber
+        from pytest_specsel.core.admission import admit
+        from pytest_specsel.core.gating import admission_facts
 
         study = self.study(tmp_path, body)
         cap = fake_bundle()[1].capability
@@ -482,26 +482,26 @@ class TestRealInspect:
         )
         assert result.status.value == "asset_missing"
         assert "'org/absent' is not a local folder nor cached in cachedir" in result.detail
-        assert "pytest_specsel.backends.bundled" in result.detail
+        assert "pytest_specsel.embedded.bundled" in result.detail
 
 
 def test_group_members_asks_psutil_for_the_processes(monkeypatch):
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
     try:
-        from pytest_specsel.backends import vllm
+        from pytest_specsel.backends.vllm import launcher
 
-        assert vllm.group_members(proc.pid) == [proc.pid]
+        assert launcher.group_members(proc.pid) == [proc.pid]
         import psutil
 
         monkeypatch.setattr(psutil, "process_iter", lambda *a, **k: iter(()))
-        assert vllm.group_members(proc.pid) == []
+        assert launcher.group_members(proc.pid) == []
     finally:
         proc.kill()
         proc.wait()
 
 
 def test_prefix_cache_counters_are_read_beside_the_spec_counters():
-    from pytest_specsel.backends.telemetry import parse_server_counters
+    from pytest_specsel.backends.vllm.telemetry import parse_server_counters
 
     page = (
         "# TYPE vllm:prefix_cache_queries counter\n"
@@ -523,7 +523,7 @@ def test_nvml_memory_counts_only_the_servers_own_processes_on_every_device(monke
     """A co-resident server's memory is not the candidate's; a second device's is."""
     import types
 
-    from pytest_specsel.backends.telemetry import NvmlMemorySampler
+    from pytest_specsel.backends.vllm.telemetry import NvmlMemorySampler
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specsel import checkpoints
 from pytest_specsel.backends import models
-from pytest_specsel.checkpoints import CheckpointKind as Kind
-from pytest_specsel.families import family_contract
+from pytest_specsel.core import checkpoints
+from pytest_specsel.core.checkpoints import CheckpointKind as Kind
+from pytest_specsel.core.families import family_contract
 
 DATA = Path(__file__).parent / "data" / "checkpoints"
 #: names of an EAGLE-3 head's tensors, as vLLM's Eagle3LlamaForCausalLM.load_weights takes them
@@ -361,10 +361,10 @@ class TestCheckPair:
 def test_the_bundled_target_is_no_eagle3_head_as_cpu_paired_demo_once_claimed():
     """benchmarks/profiles/cpu_paired_demo.toml used to point G3 at the 30-layer target
     itself; vLLM then failed to load it. The static check now says what it is."""
-    from pytest_specsel.backends.bundled import GGUF_SHA256
-    from pytest_specsel.backends.bundled import default_cache_dir
-    from pytest_specsel.backends.bundled import snapshot_dir
-    from pytest_specsel.families import family_contract
+    from pytest_specsel.core.families import family_contract
+    from pytest_specsel.embedded.bundled import GGUF_SHA256
+    from pytest_specsel.embedded.bundled import default_cache_dir
+    from pytest_specsel.embedded.bundled import snapshot_dir
 
     target = snapshot_dir(Path(__file__).resolve().parents[1] / ".specsel" / "hub", GGUF_SHA256[:40])
     if not (target / "config.json").is_file():

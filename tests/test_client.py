@@ -10,16 +10,16 @@ from http.server import ThreadingHTTPServer
 import aiohttp
 import pytest
 
-from pytest_specsel.backends.client import HttpBenchClient
-from pytest_specsel.backends.client import SseSplitter
-from pytest_specsel.backends.client import stream_one
-from pytest_specsel.backends.protocol import ReplayHooks
-from pytest_specsel.backends.protocol import ReplaySpec
-from pytest_specsel.backends.protocol import WarmupError
-from pytest_specsel.measurement import ClientLoad
-from pytest_specsel.measurement import Round
-from pytest_specsel.records import Role
-from pytest_specsel.workloads import Prompt
+from pytest_specsel.backends.vllm.client import HttpBenchClient
+from pytest_specsel.backends.vllm.client import SseSplitter
+from pytest_specsel.backends.vllm.client import stream_one
+from pytest_specsel.core.measurement import ClientLoad
+from pytest_specsel.core.measurement import Round
+from pytest_specsel.core.protocol import ReplayHooks
+from pytest_specsel.core.protocol import ReplaySpec
+from pytest_specsel.core.protocol import WarmupError
+from pytest_specsel.core.records import Role
+from pytest_specsel.core.workloads import Prompt
 
 
 class ScriptedClock:

@@ -4,20 +4,20 @@ import dataclasses
 
 import pytest
 
-from pytest_specsel import admission
-from pytest_specsel import decision
-from pytest_specsel import evidence
-from pytest_specsel import families
-from pytest_specsel import parity
-from pytest_specsel import stats
-from pytest_specsel.records import AdmissionFacts
-from pytest_specsel.records import EvidenceStatus
-from pytest_specsel.records import ExecutionPath
-from pytest_specsel.records import RunStatus
-from pytest_specsel.records import RunSummary
-from pytest_specsel.records import Thresholds
-from pytest_specsel.records import Verdict
-from pytest_specsel.records import to_json
+from pytest_specsel.core import admission
+from pytest_specsel.core import decision
+from pytest_specsel.core import evidence
+from pytest_specsel.core import families
+from pytest_specsel.core import parity
+from pytest_specsel.core import stats
+from pytest_specsel.core.records import AdmissionFacts
+from pytest_specsel.core.records import EvidenceStatus
+from pytest_specsel.core.records import ExecutionPath
+from pytest_specsel.core.records import RunStatus
+from pytest_specsel.core.records import RunSummary
+from pytest_specsel.core.records import Thresholds
+from pytest_specsel.core.records import Verdict
+from pytest_specsel.core.records import to_json
 
 
 class TestFamilies:

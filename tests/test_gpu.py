@@ -6,7 +6,7 @@ pytestmark = pytest.mark.gpu
 
 
 def test_probe_sees_a_cuda_device_and_the_speculative_interface():
-    from pytest_specsel.backends.vllm_probe import probe_vllm
+    from pytest_specsel.backends.vllm.probe import probe_vllm
 
     cap = probe_vllm("cuda")
     assert cap.error is None, cap.error
@@ -17,7 +17,7 @@ def test_probe_sees_a_cuda_device_and_the_speculative_interface():
 def test_nvml_sampler_reads_device_memory():
     import os
 
-    from pytest_specsel.backends.telemetry import NvmlMemorySampler
+    from pytest_specsel.backends.vllm.telemetry import NvmlMemorySampler
 
     class Handle:
         def pids(self):

@@ -5,17 +5,17 @@ import random
 
 import pytest
 
-from pytest_specsel.intervals import GateState
-from pytest_specsel.intervals import Interval
-from pytest_specsel.intervals import RoundFigures
-from pytest_specsel.intervals import RoundPolicy
-from pytest_specsel.intervals import adjusted_level
-from pytest_specsel.intervals import gate_state
-from pytest_specsel.intervals import paired_intervals
-from pytest_specsel.intervals import paired_log_ratio_interval
-from pytest_specsel.intervals import pairs_to_decide
-from pytest_specsel.intervals import t_quantile
-from pytest_specsel.records import GateOp
+from pytest_specsel.core.intervals import GateState
+from pytest_specsel.core.intervals import Interval
+from pytest_specsel.core.intervals import RoundFigures
+from pytest_specsel.core.intervals import RoundPolicy
+from pytest_specsel.core.intervals import adjusted_level
+from pytest_specsel.core.intervals import gate_state
+from pytest_specsel.core.intervals import paired_intervals
+from pytest_specsel.core.intervals import paired_log_ratio_interval
+from pytest_specsel.core.intervals import pairs_to_decide
+from pytest_specsel.core.intervals import t_quantile
+from pytest_specsel.core.records import GateOp
 
 
 @pytest.mark.parametrize(
@@ -116,8 +116,8 @@ def test_paired_intervals_cover_the_truth_in_a_small_simulation():
 
 
 def _arm(role, throughputs, order):
-    from pytest_specsel.measurement import Round
-    from pytest_specsel.measurement import ScenarioFigures
+    from pytest_specsel.core.measurement import Round
+    from pytest_specsel.core.measurement import ScenarioFigures
 
     def run(index):
         order.append(role.value[0])
@@ -132,9 +132,9 @@ def _arm(role, throughputs, order):
 
 class TestRunPairs:
     def test_rounds_alternate_abba_and_a_clear_loss_stops_at_the_first_look(self):
-        from pytest_specsel.interleave import run_pairs
-        from pytest_specsel.records import Role
-        from pytest_specsel.records import Thresholds
+        from pytest_specsel.core.interleave import run_pairs
+        from pytest_specsel.core.records import Role
+        from pytest_specsel.core.records import Thresholds
 
         order = []
         run = run_pairs(
@@ -146,9 +146,9 @@ class TestRunPairs:
         assert "".join(order) == "bccbbc" and len(run.candidate) == 3
 
     def test_an_open_verdict_adds_pairs_up_to_the_most(self):
-        from pytest_specsel.interleave import run_pairs
-        from pytest_specsel.records import Role
-        from pytest_specsel.records import Thresholds
+        from pytest_specsel.core.interleave import run_pairs
+        from pytest_specsel.core.records import Role
+        from pytest_specsel.core.records import Thresholds
 
         order = []
         run = run_pairs(

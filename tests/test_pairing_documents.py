@@ -5,26 +5,26 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specsel import documents
-from pytest_specsel.measurement import MemoryReading
-from pytest_specsel.measurement import RequestRecord
-from pytest_specsel.measurement import Round
-from pytest_specsel.measurement import SpecCounters
-from pytest_specsel.measurement import scenario_figures
-from pytest_specsel.measurement import telemetry_from_counters
-from pytest_specsel.pairing import pair
-from pytest_specsel.pairing import run_summary
-from pytest_specsel.records import Admission
-from pytest_specsel.records import Pairing
-from pytest_specsel.records import Reason
-from pytest_specsel.records import Role
-from pytest_specsel.records import RunStatus
-from pytest_specsel.records import Thresholds
-from pytest_specsel.results import CandidateState
-from pytest_specsel.results import Scenario
-from pytest_specsel.results import ScenarioResult
-from pytest_specsel.results import view_of
-from pytest_specsel.study_file import study_from_mapping
+from pytest_specsel.core.measurement import MemoryReading
+from pytest_specsel.core.measurement import RequestRecord
+from pytest_specsel.core.measurement import Round
+from pytest_specsel.core.measurement import SpecCounters
+from pytest_specsel.core.measurement import scenario_figures
+from pytest_specsel.core.measurement import telemetry_from_counters
+from pytest_specsel.core.pairing import pair
+from pytest_specsel.core.pairing import run_summary
+from pytest_specsel.core.records import Admission
+from pytest_specsel.core.records import Pairing
+from pytest_specsel.core.records import Reason
+from pytest_specsel.core.records import Role
+from pytest_specsel.core.records import RunStatus
+from pytest_specsel.core.records import Thresholds
+from pytest_specsel.core.results import CandidateState
+from pytest_specsel.core.results import Scenario
+from pytest_specsel.core.results import ScenarioResult
+from pytest_specsel.core.results import view_of
+from pytest_specsel.files import documents
+from pytest_specsel.study.file import study_from_mapping
 
 ROOT = Path("/runs/r1")
 SCENARIO = Scenario("general", 1)

@@ -28,7 +28,7 @@ warmup = 0
 
 CONFTEST = """
 from pytest_specsel.backends.fake import FakeScript, fake_bundle
-from pytest_specsel.backends.protocol import AssetFacts
+from pytest_specsel.core.protocol import AssetFacts
 SCRIPTS = {scripts}
 ASSETS = {assets}
 WORLD = {{}}
@@ -400,8 +400,8 @@ class TestHouse:
         )
         p.makeconftest(
             CONFTEST.format(scripts="{'x_lookahead': FakeScript(token_s=0.004)}", assets="{}")
-            + "from pytest_specsel.families import register_family\n"
-            + "from pytest_specsel.records import AssetKind, Dependency, FamilyContract\n"
+            + "from pytest_specsel.core.families import register_family\n"
+            + "from pytest_specsel.core.records import AssetKind, Dependency, FamilyContract\n"
             + "register_family(FamilyContract('lookahead', AssetKind.NONE, Dependency.RETRIEVAL, "
             + "('proposed_tokens', 'accepted_tokens')))\n"
             + "_make = pytest_specsel_make_backend\n"
@@ -478,7 +478,7 @@ class TestHouse:
         p.makeconftest(
             CONFTEST.format(scripts="{}", assets="{}")
             + "import dataclasses\n"
-            + "from pytest_specsel.backends.protocol import LaunchError\n"
+            + "from pytest_specsel.core.protocol import LaunchError\n"
             + "class Failing:\n"
             + "    def start(self, spec):\n"
             + "        raise LaunchError('specsel: vllm serve exited; log x:\\nTAIL-LINE', None, 'TAIL-LINE')\n"

@@ -12,10 +12,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-from pytest_specsel.backends import eagle3  # noqa: E402
-from pytest_specsel.backends import selftext  # noqa: E402
-from pytest_specsel.backends import toy_proposers  # noqa: E402
-from pytest_specsel.workloads import load_workload  # noqa: E402
+from pytest_specsel.core.workloads import load_workload  # noqa: E402
+from pytest_specsel.embedded import eagle3  # noqa: E402
+from pytest_specsel.embedded import selftext  # noqa: E402
+from pytest_specsel.embedded import toy_proposers  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = 300

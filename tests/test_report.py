@@ -9,8 +9,8 @@ import pytest
 
 # Imported here, before any in-process run: pytester drops modules a run imported when it
 # ends, and matplotlib does not survive being imported twice in one process.
-import pytest_specsel.report_charts  # noqa: F401
-from pytest_specsel.compare import compare_documents
+import pytest_specsel.files.report_charts  # noqa: F401
+from pytest_specsel.files.compare import compare_documents
 from tests.browser import keep_screenshot
 from tests.browser import need_browser
 from tests.browser import open_page
@@ -40,7 +40,7 @@ warmup = 0
 CONFTEST = """
 import os
 from pytest_specsel.backends.fake import FakeScript, fake_bundle
-from pytest_specsel.backends.protocol import AssetFacts
+from pytest_specsel.core.protocol import AssetFacts
 HOSTILE = AssetFacts("/fake/target", "fake-rev-1", None, None, False, True, False, 1.0, 10.0,
                      {"asset": "<script>alert('x')</script> & no mtp"})
 SETS = {
@@ -167,7 +167,7 @@ class TestReportPage:
         root = make_run("a")
         code = (
             "import sys; sys.modules['matplotlib'] = None\n"
-            "from pathlib import Path\nfrom pytest_specsel.report import write_report\n"
+            "from pathlib import Path\nfrom pytest_specsel.files.report import write_report\n"
             f"write_report(Path({str(root)!r}))\n"
         )
         assert pytester.run(sys.executable, "-c", code).ret == 0
@@ -176,12 +176,12 @@ class TestReportPage:
         assert '<table class="decision">' in page
 
     def test_a_report_failure_is_a_warning_and_the_json_files_stay(self, project, pytester, monkeypatch):
-        import pytest_specsel.report
+        import pytest_specsel.files.report
 
         def broken(run_dir):
             raise RuntimeError("no room")
 
-        monkeypatch.setattr(pytest_specsel.report, "write_report", broken)
+        monkeypatch.setattr(pytest_specsel.files.report, "write_report", broken)
         result = project("w", "fixed")
         result.assert_outcomes(passed=8, skipped=12, xfailed=4)
         result.stdout.fnmatch_lines(
@@ -322,7 +322,7 @@ class TestCompareLogic:
 
 
 def test_the_acceptance_chart_draws_a_line_per_candidate():
-    from pytest_specsel import report_charts
+    from pytest_specsel.files import report_charts
 
     chart = report_charts.acceptance_chart([("g1_ngram", [0.8, 0.6, 0.4]), ("g3_eagle", [])], "t-")
     assert chart is not None and chart.kind == "acceptance" and chart.svg.startswith("<svg")

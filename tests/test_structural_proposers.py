@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specsel.backends import structural_proposers as sp
+from pytest_specsel.embedded import structural_proposers as sp
 
 _HUB = Path(os.environ.get("SPECSEL_HUB_CACHE") or Path(__file__).resolve().parents[1] / ".specsel" / "hub")
 _SNAPSHOTS = _HUB / "models--specsel-bundled--SmolLM2-135M-Instruct-Q4_1" / "snapshots"
@@ -48,7 +48,7 @@ def _target() -> Path:
     configs = sorted(_SNAPSHOTS.glob("*/config.json"))
     if not configs or not (configs[0].parent / "model.safetensors").is_file():
         pytest.skip(
-            f"the bundled target is not prepared under {_SNAPSHOTS} (python -m pytest_specsel.backends.bundled)"
+            f"the bundled target is not prepared under {_SNAPSHOTS} (python -m pytest_specsel.embedded.bundled)"
         )
     return configs[0].parent
 
@@ -143,7 +143,7 @@ def test_speculative_configs(tmp_path: Path) -> None:
 
 def test_the_toy_proposer_command_builds_the_dflash_drafter_once(tmp_path: Path, capsys) -> None:
     """`toy_proposers --kind dflash` (scripts/run-all-families.sh) once ended in KeyError."""
-    from pytest_specsel.backends import toy_proposers
+    from pytest_specsel.embedded import toy_proposers
 
     target = _target()
     folders = toy_proposers.prepare(target, tmp_path, ("dflash",))

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specsel.study import GROUPS
-from pytest_specsel.study_file import StudyError
-from pytest_specsel.study_file import load_study
-from pytest_specsel.workloads import WorkloadError
-from pytest_specsel.workloads import load_workload
+from pytest_specsel.core.study import GROUPS
+from pytest_specsel.core.workloads import WorkloadError
+from pytest_specsel.core.workloads import load_workload
+from pytest_specsel.study.file import StudyError
+from pytest_specsel.study.file import load_study
 
 REPO = Path(__file__).resolve().parents[1]
 

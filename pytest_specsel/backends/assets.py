@@ -8,21 +8,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from pytest_specsel.backends import models
-from pytest_specsel.backends.protocol import AssetFacts
-from pytest_specsel.backends.protocol import Capability
-from pytest_specsel.families import BASELINE_FAMILY
-from pytest_specsel.families import family_contract
-from pytest_specsel.records import AssetKind
-from pytest_specsel.records import Device
-from pytest_specsel.study import Candidate
-from pytest_specsel.study import Study
+from pytest_specsel.core.families import BASELINE_FAMILY
+from pytest_specsel.core.families import family_contract
+from pytest_specsel.core.protocol import AssetFacts
+from pytest_specsel.core.protocol import Capability
+from pytest_specsel.core.records import AssetKind
+from pytest_specsel.core.records import Device
+from pytest_specsel.core.study import Candidate
+from pytest_specsel.core.study import Study
 
 __all__ = ["RUNTIME_ALLOWANCE_GB", "inspect_assets"]
 
 #: rough allowance for everything that is not weights or KV cache (processes, activations,
 #: CUDA context); on CPU it is dominated by three Python processes (API, engine, worker)
 RUNTIME_ALLOWANCE_GB = {Device.CPU: 3.5, Device.CUDA: 1.5}
-_PREPARE_HINT = "run `python -m pytest_specsel.backends.bundled` for the bundled CPU target"
+_PREPARE_HINT = "run `python -m pytest_specsel.embedded.bundled` for the bundled CPU target"
 
 
 def _memory_limit_gb(study: Study, capability: Capability) -> float:

@@ -19,10 +19,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_specsel import checkpoints
-from pytest_specsel.checkpoints import MTP_KEYS
-from pytest_specsel.checkpoints import CheckpointIdentity
-from pytest_specsel.records import PairCheck
+from pytest_specsel.core import checkpoints
+from pytest_specsel.core.checkpoints import MTP_KEYS
+from pytest_specsel.core.checkpoints import CheckpointIdentity
+from pytest_specsel.core.records import PairCheck
 
 __all__ = [
     "Resolved",

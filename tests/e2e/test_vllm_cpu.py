@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specsel.backends.bundled import BUNDLED_REPO_ID
-from pytest_specsel.backends.vllm_probe import probe_vllm
-from pytest_specsel.backends.vllm_probe import resolve_vllm_command
+from pytest_specsel.backends.vllm.probe import probe_vllm
+from pytest_specsel.backends.vllm.probe import resolve_vllm_command
+from pytest_specsel.embedded.bundled import BUNDLED_REPO_ID
 from tests.browser import keep_screenshot
 from tests.browser import need_browser
 from tests.browser import open_page

@@ -12,19 +12,19 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pytest_specsel.backends import structural_proposers
-from pytest_specsel.backends.bundled import default_cache_dir
-from pytest_specsel.backends.bundled import prepare
-from pytest_specsel.backends.protocol import LaunchError
-from pytest_specsel.backends.protocol import LaunchSpec
-from pytest_specsel.backends.telemetry import PrometheusScraper
-from pytest_specsel.backends.vllm import VllmLauncher
-from pytest_specsel.backends.vllm_probe import mtp_target_problem
-from pytest_specsel.backends.vllm_probe import probe_vllm
-from pytest_specsel.backends.vllm_probe import resolve_vllm_command
-from pytest_specsel.records import Device
-from pytest_specsel.records import SpeculativeConfig
-from pytest_specsel.study_file import load_study
+from pytest_specsel.backends.vllm.launcher import VllmLauncher
+from pytest_specsel.backends.vllm.probe import mtp_target_problem
+from pytest_specsel.backends.vllm.probe import probe_vllm
+from pytest_specsel.backends.vllm.probe import resolve_vllm_command
+from pytest_specsel.backends.vllm.telemetry import PrometheusScraper
+from pytest_specsel.core.protocol import LaunchError
+from pytest_specsel.core.protocol import LaunchSpec
+from pytest_specsel.core.records import Device
+from pytest_specsel.core.records import SpeculativeConfig
+from pytest_specsel.embedded import structural_proposers
+from pytest_specsel.embedded.bundled import default_cache_dir
+from pytest_specsel.embedded.bundled import prepare
+from pytest_specsel.study.file import load_study
 
 pytestmark = [
     pytest.mark.e2e,

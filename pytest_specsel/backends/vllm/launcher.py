@@ -1,0 +1,375 @@
+"""vLLM as a backend: the ``vllm serve`` lifecycle and vLLM's launch words.
+
+The plugin never imports vllm (the probe is ``vllm_probe.py``). The launcher runs
+``vllm serve`` from an argv list, bound to 127.0.0.1 on a free port, in its own process
+group, logging to a file; stop terminates the group, waits, then kills.
+``speculative_config_json`` turns the core's neutral speculative config into vLLM's
+``--speculative-config`` object.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from pytest_specsel.core.protocol import LaunchError
+from pytest_specsel.core.protocol import LaunchSpec
+from pytest_specsel.core.records import Device
+from pytest_specsel.core.records import SpeculativeConfig
+
+__all__ = [
+    "TELEMETRY_ORIGIN",
+    "VllmLauncher",
+    "VllmServer",
+    "build_serve_argv",
+    "group_members",
+    "speculative_config_json",
+]
+
+#: the name recorded with every telemetry window read from a vLLM server
+TELEMETRY_ORIGIN = "vllm_prometheus"
+
+
+def speculative_config_json(config: SpeculativeConfig) -> dict[str, Any]:
+    """vLLM's ``--speculative-config`` object: method, budget, the proposer as ``model``,
+    and the family options as given."""
+    data: dict[str, Any] = {"num_speculative_tokens": config.num_speculative_tokens}
+    if config.method is not None:
+        data["method"] = config.method
+    if config.proposer_path is not None:
+        data["model"] = config.proposer_path
+    data.update(config.options)
+    return data
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def build_serve_argv(command: tuple[str, ...], spec: LaunchSpec, port: int) -> list[str]:
+    """The ``vllm serve`` argv for a launch spec (never a shell string)."""
+    s = spec.settings
+    argv = [
+        *command,
+        "serve",
+        spec.model_path,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        spec.served_name,
+        "--dtype",
+        s.dtype,
+        "--max-model-len",
+        str(s.max_model_len),
+        "--seed",
+        "0",
+    ]
+    if spec.device is Device.CUDA:
+        argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
+    if s.enforce_eager:
+        argv.append("--enforce-eager")
+    if spec.sleep_mode:
+        argv.append("--enable-sleep-mode")
+    if spec.speculative is not None:
+        argv += [
+            "--speculative-config",
+            json.dumps(speculative_config_json(spec.speculative), sort_keys=True),
+        ]
+    argv += list(s.extra_args)
+    return argv
+
+
+def serve_env(spec: LaunchSpec) -> dict[str, str]:
+    env = dict(os.environ)
+    # Counters reach /metrics on a stats interval; a short one avoids false zeros in short runs.
+    env.setdefault("VLLM_LOG_STATS_INTERVAL", "1")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    if spec.sleep_mode:
+        env["VLLM_SERVER_DEV_MODE"] = "1"  # serves /sleep and /wake_up
+    if spec.device is Device.CPU:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(spec.settings.cpu_kvcache_space_gb)
+        if spec.settings.cpu_reserved_cores >= 0:
+            env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(spec.settings.cpu_reserved_cores)
+    return env
+
+
+class VllmServer:
+    """A running ``vllm serve`` process group."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], base_url: str, log_path: Path, argv: list[str]) -> None:
+        self.proc = proc
+        self.base_url = base_url
+        self.log_path = log_path
+        self.argv = argv
+
+    def pids(self) -> list[int]:
+        return [self.proc.pid]
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def sleep(self) -> None:
+        """POST /sleep (level 1: weights offloaded, KV cache dropped)."""
+        httpx.post(self.base_url + "/sleep", params={"level": "1"}, timeout=120.0).raise_for_status()
+
+    def wake(self) -> None:
+        httpx.post(self.base_url + "/wake_up", timeout=120.0).raise_for_status()
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """Terminate the whole group, wait, then kill what is left. Idempotent."""
+        if self.proc.poll() is None:
+            _signal_group(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        # Children (engine core, workers) may outlive the leader: the group goes too.
+        _signal_group(self.proc.pid, signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        # SIGKILL is delivered asynchronously: return only once the group is really gone.
+        deadline = time.monotonic() + 10
+        while group_members(self.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _LIVE.discard(self)
+
+
+#: servers started by this process and not yet stopped; stopped at exit whatever happens
+_LIVE: set[VllmServer] = set()
+
+
+def _stop_live() -> None:
+    for server in list(_LIVE):
+        server.stop(grace_s=10)
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    # Turn SIGTERM into the KeyboardInterrupt path, so every finally and atexit runs.
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _install_cleanup() -> None:
+    if getattr(_install_cleanup, "done", False):
+        return
+    atexit.register(_stop_live)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        try:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+        except ValueError:  # not the main thread: leave signals alone
+            pass
+    _install_cleanup.done = True  # type: ignore[attr-defined]
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of a process group."""
+    members = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.info["pid"]) == pgid:
+                members.append(int(proc.info["pid"]))
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return members
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class VllmLauncher:
+    """:class:`~pytest_specsel.core.protocol.ServerLauncher` for ``vllm serve``."""
+
+    def __init__(self, command: tuple[str, ...], poll_s: float = 1.0) -> None:
+        self.command = command
+        self.poll_s = poll_s
+
+    def start(self, spec: LaunchSpec) -> VllmServer:
+        """Start and wait until ready. A server whose interpreter crashed while starting
+        (``Fatal Python error``) is started once more, bypassing vLLM's compile cache
+        (``VLLM_DISABLE_COMPILE_CACHE=1``: still compiled, only not loaded from or saved to
+        the cache): vllm-cpu 0.32 fails to reload its compiled graphs ("'function' object has
+        no attribute 'finalize_loading'") on every start and compiles again, and that second
+        compile sometimes overflows the stack (3 of 4 cached G3 starts, none of 10 others);
+        a compile on a bypassed cache never did here, so the second attempt
+        comes up. Both attempts stay in the log. Any other failure is final."""
+        try:
+            return self._start(spec, first=True)
+        except LaunchError as exc:
+            if not any(m in exc.log_tail or m in _log_text(spec.log_path) for m in CRASH_MARKERS):
+                raise
+            return self._start(spec, first=False)
+
+    def _start(self, spec: LaunchSpec, first: bool) -> VllmServer:
+        env = serve_env(spec)
+        if not first:
+            env["VLLM_DISABLE_COMPILE_CACHE"] = "1"
+        _install_cleanup()
+        port = free_port()
+        argv = build_serve_argv(self.command, spec, port)
+        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with spec.log_path.open("wb" if first else "ab") as log:
+            if not first:
+                log.write(
+                    b"\n[specsel] the server's interpreter crashed while starting; starting it once more "
+                    b"with vLLM's compile cache bypassed (VLLM_DISABLE_COMPILE_CACHE=1)\n"
+                )
+            log.write(("$ " + " ".join(argv) + "\n").encode())
+            log.flush()
+            proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        server = VllmServer(proc, f"http://127.0.0.1:{port}", spec.log_path, argv)
+        _LIVE.add(server)
+        try:
+            self._wait_ready(server, spec)
+        except BaseException:
+            server.stop(grace_s=10)
+            raise
+        return server
+
+    def _wait_ready(self, server: VllmServer, spec: LaunchSpec) -> None:
+        deadline = time.monotonic() + spec.settings.startup_timeout_s
+        with httpx.Client(timeout=5.0) as client:
+            while time.monotonic() < deadline:
+                code = server.proc.poll()
+                if code is not None:
+                    raise LaunchError(
+                        f"specsel: vllm serve for {spec.name} exited with code {code} before it was "
+                        f"ready; root cause: {root_cause(server.log_path)}; log {server.log_path}:\n"
+                        f"{server.log_tail()}",
+                        server.log_path,
+                        server.log_tail(),
+                    )
+                if _ready(client, server.base_url, spec.served_name):
+                    problem = loaded_mismatch(server.log_path, spec.speculative)
+                    if problem is not None:
+                        raise LaunchError(
+                            f"specsel: vllm serve for {spec.name}: {problem}; log {server.log_path}",
+                            server.log_path,
+                            server.log_tail(),
+                        )
+                    return
+                time.sleep(self.poll_s)
+        raise LaunchError(
+            f"specsel: vllm serve for {spec.name} not ready after "
+            f"{spec.settings.startup_timeout_s:g}s (backend.startup_timeout_s); log "
+            f"{server.log_path}:\n{server.log_tail()}",
+            server.log_path,
+            server.log_tail(),
+        )
+
+
+#: an interpreter crash while starting (not a configuration error): worth one more start
+CRASH_MARKERS = ("Fatal Python error", "Segmentation fault")
+
+
+def _log_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+_EXCEPTION_LINE = re.compile(r"\b([A-Za-z_][A-Za-z0-9_.]*(?:Error|Exception)): (.+)")
+
+
+def root_cause(log_path: Path) -> str:
+    """The first exception a server log reports (vLLM prints the worker's cause first and
+    wraps it in later, vaguer errors), or "unknown"."""
+    try:
+        lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return "unknown (no log)"
+    for line in lines[1:]:  # the first line is our own argv
+        match = _EXCEPTION_LINE.search(line)
+        if match and "WARNING" not in line:
+            return f"{match.group(1)}: {match.group(2)[:300]}"
+    return "unknown"
+
+
+#: what the engine says it loaded, in its "Initializing a V1 LLM engine ... with config:" line
+_LOADED = re.compile(
+    r"speculative_config=(?:None|SpeculativeConfig\(method='(?P<method>[^']*)', "
+    r"model=(?:None|'(?P<model>[^']*)'), num_spec_tokens=(?P<k>\d+)\))"
+)
+
+
+def loaded_speculative(log_path: Path) -> tuple[str, str | None, int] | None | str:
+    """(method, model, k) the engine reports it loaded; None for no speculative config;
+    "unknown" when the log has no engine config line."""
+    try:
+        text = log_path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "unknown"
+    match = _LOADED.search(text)
+    if match is None:
+        return "unknown"
+    if match.group("method") is None:
+        return None
+    return match.group("method"), match.group("model"), int(match.group("k"))
+
+
+def loaded_mismatch(log_path: Path, asked: SpeculativeConfig | None) -> str | None:
+    """Did vLLM load what was asked? vLLM decides the method partly from the proposer's
+    path and architecture (a draft model in a folder named "eagle-..." becomes an EAGLE
+    head), so a candidate could otherwise run as another mechanism under its label."""
+    loaded = loaded_speculative(log_path)
+    if loaded == "unknown":
+        return None  # older or quieter vLLM: nothing to compare with
+    if asked is None:
+        return None if loaded is None else f"vLLM loaded speculative config {loaded} for a target-only server"
+    if loaded is None or isinstance(loaded, str):
+        return "vLLM loaded no speculative config although one was passed"
+    method, model, k = loaded
+    if asked.method is not None and method != asked.method:
+        return (
+            f"vLLM loaded method {method!r} (proposer {model!r}), not the {asked.method!r} this candidate "
+            "asked for: vLLM decides the method partly from the checkpoint's path and architecture; "
+            "rename the proposer folder or fix the candidate's method"
+        )
+    if k != asked.num_speculative_tokens:
+        return f"vLLM loaded num_spec_tokens={k}, not the {asked.num_speculative_tokens} asked for"
+    if asked.proposer_path is not None and model is not None and Path(model) != Path(asked.proposer_path):
+        return f"vLLM loaded proposer {model!r}, not {asked.proposer_path!r}"
+    return None
+
+
+def _ready(client: httpx.Client, base_url: str, served_name: str) -> bool:
+    try:
+        if client.get(base_url + "/health").status_code != 200:
+            return False
+        models = client.get(base_url + "/v1/models").json()
+    except (httpx.HTTPError, ValueError):
+        return False
+    ids: list[Any] = [m.get("id") for m in models.get("data", []) if isinstance(m, Mapping)]
+    return served_name in ids

@@ -1,0 +1,114 @@
+"""Adoption decision from pair evidence and thresholds.
+
+Quality comes before performance: a parity failure rejects even a fast candidate.
+Acceptance rate explains a result and is never a gate by itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from pytest_specsel.core.evidence import evidence_from_mapping
+from pytest_specsel.core.intervals import gate_state
+from pytest_specsel.core.intervals import pairs_to_decide
+from pytest_specsel.core.records import Decision
+from pytest_specsel.core.records import EvidenceStatus
+from pytest_specsel.core.records import GateCheck
+from pytest_specsel.core.records import GateOp
+from pytest_specsel.core.records import GateState
+from pytest_specsel.core.records import Interval
+from pytest_specsel.core.records import PairEvidence
+from pytest_specsel.core.records import Thresholds
+from pytest_specsel.core.records import Verdict
+
+__all__ = ["decide", "decide_speculative_candidate", "gate_checks", "thresholds_from_mapping"]
+
+
+def _check(name: str, value: float, limit: float, op: GateOp, interval: Interval | None) -> GateCheck:
+    """A gate on its interval when there is one (whole interval on one side, else
+    undecided), else on its point figure."""
+    if interval is None:
+        passed = op.holds(value, limit)
+        return GateCheck(name, value, limit, op, passed, GateState.PASSED if passed else GateState.FAILED)
+    state = gate_state(interval, limit, op)
+    needed = pairs_to_decide(interval, limit) if state is GateState.UNDECIDED else None
+    return GateCheck(name, value, limit, op, state is GateState.PASSED, state, interval, needed)
+
+
+def gate_checks(evidence: PairEvidence, thresholds: Thresholds) -> tuple[GateCheck, ...]:
+    """Evaluate every performance gate of comparable evidence (peak memory is a peak: no
+    interval)."""
+    assert evidence.throughput_speedup is not None and evidence.ttft_ratio is not None
+    assert evidence.e2e_p95_ratio is not None and evidence.candidate_peak_memory_mb is not None
+    return (
+        _check(
+            "throughput_speedup",
+            evidence.throughput_speedup,
+            thresholds.min_throughput_speedup,
+            GateOp.AT_LEAST,
+            evidence.throughput_speedup_interval,
+        ),
+        _check(
+            "ttft_ratio",
+            evidence.ttft_ratio,
+            thresholds.max_ttft_regression_ratio,
+            GateOp.AT_MOST,
+            evidence.ttft_ratio_interval,
+        ),
+        _check(
+            "e2e_p95_ratio",
+            evidence.e2e_p95_ratio,
+            thresholds.max_e2e_p95_regression_ratio,
+            GateOp.AT_MOST,
+            evidence.e2e_p95_ratio_interval,
+        ),
+        _check(
+            "peak_memory_mb",
+            evidence.candidate_peak_memory_mb,
+            thresholds.max_peak_memory_mb,
+            GateOp.AT_MOST,
+            None,
+        ),
+    )
+
+
+def decide(evidence: PairEvidence, thresholds: Thresholds) -> Decision:
+    """not_evaluated / tune (incomplete, a gate failed, or a gate undecided) / reject
+    (quality) / accept (every gate passed, with confidence where there are intervals)."""
+    if evidence.status in (EvidenceStatus.NOT_EVALUATED, EvidenceStatus.INCOMPARABLE):
+        return Decision(Verdict.NOT_EVALUATED, f"evidence_{evidence.status.value}")
+    if evidence.status is EvidenceStatus.INCOMPLETE:
+        # Parity is known even when a metric is missing; a known failure still rejects.
+        if evidence.quality_ok is False:
+            return Decision(Verdict.REJECT, "quality_gate_failed")
+        return Decision(Verdict.TUNE, "collect_missing_evidence")
+    if evidence.quality_ok is not True:
+        return Decision(Verdict.REJECT, "quality_gate_failed")
+    gates = gate_checks(evidence, thresholds)
+    if all(g.state is GateState.PASSED for g in gates):
+        return Decision(Verdict.ACCEPT, "quality_and_net_benefit_passed", gates)
+    if any(g.state is GateState.FAILED for g in gates):
+        return Decision(Verdict.TUNE, "one_or_more_performance_gates_failed", gates)
+    return Decision(Verdict.TUNE, "collect_more_rounds", gates)
+
+
+def thresholds_from_mapping(data: Mapping[str, Any]) -> Thresholds:
+    """Read the seed's threshold keys; a missing key keeps the contract default."""
+    default = Thresholds()
+    return Thresholds(
+        **{f.name: float(data.get(f.name, getattr(default, f.name))) for f in dataclasses.fields(Thresholds)}
+    )
+
+
+def decide_speculative_candidate(
+    evidence: Mapping[str, Any], thresholds: Mapping[str, float]
+) -> dict[str, Any]:
+    """Dict face of :func:`decide`: ``{"decision", "reason", "missed_gates"}``."""
+    decision = decide(evidence_from_mapping(evidence), thresholds_from_mapping(thresholds))
+    return {
+        "decision": decision.verdict.value,
+        "reason": decision.reason,
+        "missed_gates": [g.name for g in decision.missed_gates],
+    }

@@ -1,0 +1,203 @@
+"""Pairing, as a pure step: one scenario's measured sides -> summaries -> parity,
+intervals, evidence -> decision.
+
+No server and no clock: everything here takes records and returns records, so a test can
+pair hand-built results. The runner calls it once per candidate scenario, with the
+baseline rounds the candidate's rounds were paired with (measured beside them when the
+pairing is interleaved).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from pytest_specsel.core.decision import decide
+from pytest_specsel.core.evidence import build_pair_evidence
+from pytest_specsel.core.intervals import RoundFigures
+from pytest_specsel.core.intervals import paired_intervals
+from pytest_specsel.core.measurement import RequestRecord
+from pytest_specsel.core.measurement import Round
+from pytest_specsel.core.measurement import SpecTelemetry
+from pytest_specsel.core.measurement import noise_floor
+from pytest_specsel.core.measurement import pool_rounds
+from pytest_specsel.core.parity import ParityResult
+from pytest_specsel.core.parity import TieCheck
+from pytest_specsel.core.parity import compare_outputs
+from pytest_specsel.core.parity import with_ties
+from pytest_specsel.core.records import Decision
+from pytest_specsel.core.records import EvidenceStatus
+from pytest_specsel.core.records import ExecutionPath
+from pytest_specsel.core.records import PairEvidence
+from pytest_specsel.core.records import Pairing
+from pytest_specsel.core.records import Role
+from pytest_specsel.core.records import RunStatus
+from pytest_specsel.core.records import RunSummary
+from pytest_specsel.core.records import Thresholds
+from pytest_specsel.core.records import Verdict
+from pytest_specsel.core.results import ScenarioResult
+
+__all__ = ["pair", "request_parity", "round_figures", "rounds_parity", "run_summary", "self_check"]
+
+
+def run_summary(
+    role: Role,
+    status: RunStatus,
+    rounds: Sequence[Round],
+    *,
+    target_snapshot: str | None,
+    workload_key: str,
+    sampling_key: str,
+) -> RunSummary:
+    """One side of a pair, from its rounds pooled.
+
+    The server itself must show its execution path: a baseline exports no spec-decode
+    counters and a speculative server does (a silent fallback would export none).
+    """
+    figures, telemetry, memory = pool_rounds(rounds)
+    exported = telemetry is not None and telemetry.exported
+    if role is Role.BASELINE:
+        path = ExecutionPath.TARGET_ONLY if telemetry is not None and not exported else None
+    else:
+        path = ExecutionPath.SPECULATIVE if exported else None
+    return RunSummary(
+        run_status=status,
+        role=role,
+        target_snapshot=target_snapshot,
+        workload_key=workload_key,
+        sampling_key=sampling_key,
+        execution_path=path,
+        throughput_tokens_per_s=figures.throughput_tokens_per_s if figures else None,
+        ttft_p95_ms=figures.ttft_p95_ms if figures else None,
+        e2e_p95_ms=figures.e2e_p95_ms if figures else None,
+        peak_memory_mb=memory.peak_mb if memory else None,
+        quality_ok=True if role is Role.BASELINE else None,
+        mechanism_active=telemetry.mechanism_active if telemetry else None,
+        telemetry_fields=telemetry_fields(telemetry),
+    )
+
+
+def telemetry_fields(telemetry: SpecTelemetry | None) -> tuple[str, ...]:
+    """The contract's telemetry names the window has figures for (no backend here reports
+    ``verified_tokens``: vLLM exports drafts, draft tokens and accepted tokens)."""
+    if telemetry is None:
+        return ()
+    have = {"proposed_tokens": telemetry.draft_tokens, "accepted_tokens": telemetry.accepted_tokens}
+    return tuple(name for name, value in have.items() if value is not None)
+
+
+def request_parity(reference: Sequence[RequestRecord], actual: Sequence[RequestRecord]) -> ParityResult:
+    """Parity of two passes over the same prompts, request by request (``id#repeat``)."""
+
+    def key(r: RequestRecord) -> str:
+        return f"{r.request_id}#{r.repeat}"
+
+    prompts = {key(r): r.prompt for r in [*reference, *actual]}
+    return compare_outputs(
+        {key(r): r.output_text for r in reference if r.ok},
+        {key(r): r.output_text for r in actual if r.ok},
+        prompts,
+        {key(r): r.token_ids for r in reference if r.ok and r.token_ids is not None},
+        {key(r): r.token_ids for r in actual if r.ok and r.token_ids is not None},
+    )
+
+
+def rounds_parity(reference: Sequence[Round], actual: Sequence[Round]) -> ParityResult | None:
+    """Each actual round against the reference round of its pair (the first when the
+    reference has fewer); the first failing comparison, else the first one."""
+    if not reference or not actual:
+        return None
+    results = [
+        request_parity(reference[min(i, len(reference) - 1)].requests, r.requests)
+        for i, r in enumerate(actual)
+    ]
+    return next((p for p in results if not p.quality_ok), results[0])
+
+
+def self_check(rounds: Sequence[Round]) -> ParityResult | None:
+    """A side's later rounds against its first: does it reproduce itself?"""
+    ok = [r for r in rounds if r.error is None]
+    return rounds_parity(ok[:1], ok[1:]) if len(ok) >= 2 else None
+
+
+def round_figures(r: Round) -> RoundFigures:
+    f = r.figures
+    return RoundFigures(
+        f.throughput_tokens_per_s if f else None, f.ttft_p95_ms if f else None, f.e2e_p95_ms if f else None
+    )
+
+
+def _with_intervals(
+    evidence: PairEvidence, baseline: Sequence[Round], candidate: Sequence[Round], level: float
+) -> PairEvidence:
+    """Comparable evidence gets its ratio intervals; the point ratios become their estimates."""
+    if evidence.status is not EvidenceStatus.COMPARABLE:
+        return evidence
+    found = paired_intervals(
+        [round_figures(r) for r in candidate], [round_figures(r) for r in baseline], level
+    )
+    if not (found.throughput_speedup and found.ttft_ratio and found.e2e_p95_ratio):
+        return evidence  # fewer than two pairs: point ratios of the pooled figures
+    return dataclasses.replace(
+        evidence,
+        throughput_speedup=found.throughput_speedup.estimate,
+        ttft_ratio=found.ttft_ratio.estimate,
+        e2e_p95_ratio=found.e2e_p95_ratio.estimate,
+        throughput_speedup_interval=found.throughput_speedup,
+        ttft_ratio_interval=found.ttft_ratio,
+        e2e_p95_ratio_interval=found.e2e_p95_ratio,
+    )
+
+
+def pair(
+    baseline: ScenarioResult | None,
+    candidate: ScenarioResult,
+    gates: Thresholds,
+    *,
+    require_parity: bool,
+    level: float = 0.95,
+    pairing: Pairing = Pairing.SEQUENTIAL,
+    calibration: bool = False,
+    ties: TieCheck | None = None,
+    strict_parity: bool = False,
+    required_telemetry: Sequence[str] = (),
+) -> ScenarioResult:
+    """The candidate's result with parity, intervals, evidence and decision against the
+    baseline rounds it was paired with (``baseline.rounds``, pair i beside candidate round i)."""
+    base_rounds = baseline.rounds if baseline else ()
+    parity = None
+    summary = candidate.summary
+    if require_parity and candidate.run_status is RunStatus.COMPLETED:
+        parity = rounds_parity(base_rounds, candidate.rounds)
+        if parity is not None:
+            parity = with_ties(parity, ties) if ties is not None else parity
+            # A near-tie is numerics, not the mechanism: it does not fail quality unless strict.
+            ok = parity.quality_ok or (parity.near_tie is True and not strict_parity)
+            summary = dataclasses.replace(summary, quality_ok=ok)
+    base_summary = baseline.summary if baseline else RunSummary(None, Role.BASELINE)
+    evidence = build_pair_evidence(
+        base_summary, summary, require_speculative=not calibration, required_telemetry=required_telemetry
+    )
+    flags = tuple(sorted({f for r in (*base_rounds, *candidate.rounds) for f in r.flags}))
+    evidence = _with_intervals(evidence, base_rounds, candidate.rounds, level)
+    evidence = dataclasses.replace(evidence, pairing=pairing, flags=flags)
+    base_check = self_check(base_rounds)
+    self_diverges = None
+    if parity is not None and parity.first_divergence and base_check is not None:
+        self_diverges = parity.first_divergence.request_id in base_check.differing_request_ids
+    decision = decide(evidence, gates)
+    if calibration and decision.verdict is Verdict.ACCEPT:
+        # An A/A run measures the method, not a mechanism: it is never adopted.
+        decision = Decision(Verdict.TUNE, "calibration_never_accepted", decision.gates)
+    return dataclasses.replace(
+        candidate,
+        summary=summary,
+        parity=parity,
+        self_check=base_check,
+        evidence=evidence,
+        decision=decision,
+        pairing=pairing,
+        baseline_self_diverges=self_diverges,
+        baseline_rounds=tuple(base_rounds),
+        noise_floor=noise_floor(base_rounds),
+    )

@@ -1,0 +1,239 @@
+"""The small protocols the plugin and the runner talk to; real vLLM and fakes implement them.
+
+Nothing here imports a third-party library, so tests and the core can type against it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from typing import Protocol
+
+from pytest_specsel.core.measurement import ClientLoad
+from pytest_specsel.core.measurement import MemoryReading
+from pytest_specsel.core.measurement import RequestRecord
+from pytest_specsel.core.measurement import ServerCounters
+from pytest_specsel.core.records import Device
+from pytest_specsel.core.records import SpeculativeConfig
+from pytest_specsel.core.study import Backend
+from pytest_specsel.core.study import Candidate
+from pytest_specsel.core.study import Study
+from pytest_specsel.core.workloads import Prompt
+
+__all__ = [
+    "AssetFacts",
+    "BackendBundle",
+    "BenchClient",
+    "Capability",
+    "ClientRun",
+    "LaunchConfigBuilder",
+    "LaunchError",
+    "LaunchSpec",
+    "MemorySampler",
+    "MetricsScraper",
+    "Prober",
+    "ReplayHooks",
+    "ReplaySpec",
+    "ServerHandle",
+    "ServerLauncher",
+    "WarmupError",
+]
+
+
+class LaunchError(RuntimeError):
+    """A server that did not come up; the message already carries the log's tail, so a
+    reader shows ``str(error)`` alone (``log_tail`` is kept for tools that want it apart)."""
+
+    def __init__(self, message: str, log_path: Path | None = None, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.log_path = log_path
+        self.log_tail = log_tail
+
+
+class WarmupError(RuntimeError):
+    """No warmup request succeeded: the measured window would measure a broken server."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Capability:
+    """What the backend is and can do, as probed (never imported) before any launch."""
+
+    backend: str
+    #: argv prefix that runs the backend's CLI
+    command: tuple[str, ...]
+    version: str | None
+    has_speculative_config: bool
+    #: speculative methods this backend declares
+    methods: tuple[str, ...]
+    device: Device
+    device_name: str | None
+    #: memory the device offers, in MB (GPU memory, or host RAM on CPU)
+    device_memory_mb: float | None
+    #: exact versions of everything that matters (python, vllm, torch, driver, ...)
+    runtime: Mapping[str, Any]
+    #: why probing failed, when it did
+    error: str | None = None
+    #: methods (or families the backend detects from the asset) that this install declares
+    #: but cannot run, and why, in the backend's words (e.g. a missing dependency)
+    method_problems: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AssetFacts:
+    """Resolved assets and static compatibility for one strategy."""
+
+    #: resolved local directory of the target (this strategy's track)
+    target_path: str | None
+    #: snapshot identity (revision hash or content digest) of the target
+    target_snapshot: str | None
+    asset_path: str | None
+    asset_snapshot: str | None
+    asset_ready: bool
+    compatible: bool
+    native_mtp: bool
+    estimated_memory_gb: float | None
+    memory_limit_gb: float | None
+    #: per gate ("asset", "compatibility", "capacity"): why
+    details: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: the backend has no path for this candidate with this target (e.g. no MTP model for
+    #: the target's architecture): admission says unsupported, with this reason
+    backend_problem: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    #: the server's name (a candidate, or a track's baseline), for logs and messages
+    name: str
+    model_path: str
+    served_name: str
+    settings: Backend
+    #: None for a target-only server
+    speculative: SpeculativeConfig | None
+    log_path: Path
+    device: Device
+    #: start with sleep mode on, so the server can be offloaded while the other measures
+    sleep_mode: bool = False
+
+
+class ServerHandle(Protocol):
+    base_url: str
+    log_path: Path
+
+    def pids(self) -> list[int]: ...
+
+    def log_tail(self, lines: int = 40) -> str: ...
+
+    def stop(self) -> None: ...
+
+    def sleep(self) -> None:
+        """Offload the idle server's weights and cache (sleep mode) so another fits beside it.
+
+        :raises NotImplementedError: for a server launched without sleep mode.
+        """
+        ...
+
+    def wake(self) -> None:
+        """Bring a sleeping server back before its round."""
+        ...
+
+
+class ServerLauncher(Protocol):
+    def start(self, spec: LaunchSpec) -> ServerHandle: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClientRun:
+    requests: tuple[RequestRecord, ...]
+    warmup_requests: int
+    duration_s: float
+    #: how busy the client itself was over the measured window, where it measures that
+    client_load: ClientLoad | None = None
+
+
+#: progress callback: (done, total) of measured requests
+Progress = Callable[[int, int], None]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReplaySpec:
+    """One round for the client: what to send, where, and how."""
+
+    base_url: str
+    #: the served model name
+    model: str
+    prompts: tuple[Prompt, ...]
+    concurrency: int
+    #: unmeasured requests sent one by one before the measured window opens
+    warmup: int
+    repeats: int
+    max_tokens: int
+    temperature: float
+    timeout_s: float
+    #: what warmup sends (cycled): prompts of their own, never the measured ones, so a
+    #: server with prefix caching cannot serve the measured prompts from its cache
+    warmup_prompts: tuple[Prompt, ...] = ()
+    #: ask for this many top log-probabilities per token (a parity pass; None in timed rounds)
+    top_logprobs: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReplayHooks:
+    """Where a round reports while it runs."""
+
+    #: each finished (or cancelled) measured request is appended as it ends
+    sink: list[RequestRecord] | None = None
+    progress: Progress | None = None
+    #: called once warmup is over, just before the measured window opens
+    on_measured_start: Callable[[], None] | None = None
+
+
+class BenchClient(Protocol):
+    def run(self, spec: ReplaySpec, hooks: ReplayHooks | None = None) -> ClientRun:
+        """Warm up, call ``hooks.on_measured_start`` (telemetry and memory windows begin
+        there), then send every prompt once per repeat."""
+        ...
+
+
+class MetricsScraper(Protocol):
+    def scrape(self, base_url: str) -> ServerCounters: ...
+
+
+class MemorySampler(Protocol):
+    def start(self, handle: ServerHandle) -> None: ...
+
+    def stop(self) -> MemoryReading: ...
+
+
+class Prober(Protocol):
+    def probe(self) -> Capability: ...
+
+    def inspect(self, study: Study, candidate: Candidate, capability: Capability) -> AssetFacts: ...
+
+    def wait_released(self, timeout_s: float) -> bool:
+        """After a stop: wait until device memory is back (GPU); True when it is."""
+        ...
+
+
+#: turns a backend-neutral speculative config into the backend's own launch words
+LaunchConfigBuilder = Callable[[SpeculativeConfig], Mapping[str, Any]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BackendBundle:
+    """Everything one backend provides, as the plugin hook returns it: its parts and its
+    own words (the launch config it takes, the name of the counters it exports)."""
+
+    name: str
+    prober: Prober
+    launcher: ServerLauncher
+    client: BenchClient
+    scraper: MetricsScraper
+    memory: Callable[[], MemorySampler]
+    launch_config: LaunchConfigBuilder
+    #: what the scraper reads, recorded with every telemetry window (e.g. "vllm_prometheus")
+    telemetry_origin: str
+    #: its servers can sleep (offload) and wake: two that do not fit together still interleave
+    sleep_mode: bool = False

@@ -1,0 +1,255 @@
+"""Measuring one scenario: a side's own rounds, or a candidate's paired rounds against the
+baseline server beside it; then summarise, pair and write the scenario's raw file at once
+(an interrupted run keeps it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import MutableMapping
+
+from pytest_specsel.core.families import family_contract
+from pytest_specsel.core.interleave import RoundRunner
+from pytest_specsel.core.interleave import run_pairs
+from pytest_specsel.core.measurement import Round
+from pytest_specsel.core.measurement import noise_floor
+from pytest_specsel.core.pairing import pair
+from pytest_specsel.core.pairing import run_summary
+from pytest_specsel.core.pairing import self_check
+from pytest_specsel.core.parity import near_tie_epsilon
+from pytest_specsel.core.protocol import BackendBundle
+from pytest_specsel.core.protocol import ServerHandle
+from pytest_specsel.core.records import Pairing
+from pytest_specsel.core.records import Role
+from pytest_specsel.core.records import RunStatus
+from pytest_specsel.core.results import CandidateState
+from pytest_specsel.core.results import Scenario
+from pytest_specsel.core.results import ScenarioResult
+from pytest_specsel.core.results import scenarios_of
+from pytest_specsel.core.results import track_snapshot
+from pytest_specsel.core.results import view_of
+from pytest_specsel.core.study import Study
+from pytest_specsel.core.workloads import Workload
+from pytest_specsel.files import artifacts
+from pytest_specsel.files import documents
+from pytest_specsel.files.artifacts import RunPaths
+from pytest_specsel.run.replay import measure_round
+from pytest_specsel.run.replay import parity_pass
+from pytest_specsel.run.replay import progress_line
+from pytest_specsel.run.replay import replay_spec
+
+__all__ = ["ScenarioMeter"]
+
+
+def _telemetry_of(state: CandidateState | None) -> tuple[str, ...]:
+    """The telemetry the candidate's family must report (none for a target-only one)."""
+    if state is None or state.candidate.target_only:
+        return ()
+    return family_contract(state.candidate.family).telemetry
+
+
+class ScenarioMeter:
+    """Measures scenarios for one run; keeps each track's baseline results."""
+
+    def __init__(
+        self,
+        study: Study,
+        bundle: BackendBundle,
+        paths: RunPaths,
+        workloads: Mapping[str, Workload],
+        states: Mapping[str, CandidateState],
+        timings: MutableMapping[str, float],
+        say: Callable[[str], None],
+    ) -> None:
+        self.study, self._bundle, self._paths = study, bundle, paths
+        self._workloads, self._states, self._timings, self._say = workloads, states, timings, say
+        #: per track, per scenario key: the baseline's own result
+        self.baselines: dict[str, dict[str, ScenarioResult]] = {}
+        #: per server name: the scenario keys it will measure, for progress messages
+        self.plan: dict[str, list[str]] = {}
+        self.interrupted = False
+        #: the prompts warmup sends (set after preflight)
+        self.warmup: Workload | None = None
+
+    def _announce(self, name: str, scenario: Scenario, what: str) -> None:
+        plan = self.plan.get(name) or [s.key for s in scenarios_of(self.study)]
+        position = plan.index(scenario.key) + 1 if scenario.key in plan else len(plan) + 1
+        s = self.study
+        self._say(
+            f"[specsel] {name}: scenario {position} of {len(plan)}: {scenario.key} "
+            f"({what}; warmup {s.warmup}, {s.num_prompts} prompts x {s.repeats})"
+        )
+
+    def _rounds_of(self, name: str, handle: ServerHandle, scenario: Scenario, role: Role) -> RoundRunner:
+        """Runs a server's rounds of a scenario; only its first round warms up."""
+        spec = replay_spec(self.study, self._workloads[scenario.workload], handle, scenario, self.warmup)
+
+        def run(index: int) -> tuple[Round, KeyboardInterrupt | None]:
+            this = spec if index == 0 else dataclasses.replace(spec, warmup=0)
+            progress = progress_line(self._say, name, scenario, f"{role.value} round {index + 1}")
+            return measure_round(self._bundle, handle, this, role, index, window=True, progress=progress)
+
+        return run
+
+    def side(
+        self, name: str, track: str, handle: ServerHandle, scenario: Scenario, state: CandidateState | None
+    ) -> ScenarioResult:
+        """A fixed number of rounds on one server: a baseline's own, or a sequential candidate's."""
+        t0 = time.monotonic()
+        baseline = state is None or state.candidate.is_baseline
+        role = Role.BASELINE if baseline else Role.CANDIDATE
+        count = self.study.baseline_rounds if baseline else self.study.policy.min_pairs
+        self._announce(name, scenario, f"{count} rounds")
+        run, rounds, interrupt = self._rounds_of(name, handle, scenario, role), [], None
+        for index in range(count):
+            measured, interrupt = run(index)
+            rounds.append(measured)
+            if interrupt is not None or measured.error is not None:
+                break
+        base = None if baseline else self.baselines.get(track, {}).get(scenario.key)
+        result = self._record(name, track, scenario, role, rounds, state, base, Pairing.SEQUENTIAL)
+        return self._finish_measure(name, scenario, t0, result, interrupt)
+
+    def pairs(
+        self,
+        state: CandidateState,
+        handle: ServerHandle,
+        scenario: Scenario,
+        base_name: str,
+        base_handle: ServerHandle,
+        sleeping: bool = False,
+    ) -> ScenarioResult:
+        """Interleaved round pairs against the track's baseline server, up beside it (with
+        ``sleeping``, each round wakes its server and puts the other to sleep first)."""
+        t0 = time.monotonic()
+        name, track = state.name, state.track
+        self._announce(name, scenario, f"paired rounds, ABBA, {self.study.policy.min_pairs}+ pairs")
+        base_rounds = self._rounds_of(base_name, base_handle, scenario, Role.BASELINE)
+        cand_rounds = self._rounds_of(name, handle, scenario, Role.CANDIDATE)
+        if sleeping:
+            base_rounds = _awake_for(base_rounds, base_handle, handle)
+            cand_rounds = _awake_for(cand_rounds, handle, base_handle)
+        run = run_pairs(
+            base_rounds,
+            cand_rounds,
+            self.study.policy,
+            self.study.gates,
+        )
+        base = self._side(
+            base_name, track, scenario, Role.BASELINE, list(run.baseline), self._states.get(base_name)
+        )
+        result = self._record(
+            name,
+            track,
+            scenario,
+            Role.CANDIDATE,
+            list(run.candidate),
+            state,
+            base,
+            Pairing.INTERLEAVED,
+            (base_handle, handle),
+        )
+        return self._finish_measure(name, scenario, t0, result, run.interrupt)
+
+    def _finish_measure(
+        self,
+        name: str,
+        scenario: Scenario,
+        t0: float,
+        result: ScenarioResult,
+        interrupt: KeyboardInterrupt | None,
+    ) -> ScenarioResult:
+        self._timings[f"{name}.{scenario.key}.measure_s"] = time.monotonic() - t0
+        if interrupt is not None:
+            self.interrupted = True
+            raise interrupt
+        return result
+
+    def _side(
+        self,
+        name: str,
+        track: str,
+        scenario: Scenario,
+        role: Role,
+        rounds: list[Round],
+        state: CandidateState | None,
+    ) -> ScenarioResult:
+        """One side's rounds as a result, summarised (not yet paired, kept or written)."""
+        workload = self._workloads[scenario.workload]
+        status = RunStatus.FAILED if not rounds or any(r.error for r in rounds) else RunStatus.COMPLETED
+        summary = run_summary(
+            role,
+            status,
+            rounds,
+            target_snapshot=track_snapshot(self._states.values(), track, state),
+            workload_key=f"{scenario.workload}@{workload.sha256[:12]}-n{len(workload.prompts)}"
+            f"x{self.study.repeats}-c{scenario.concurrency}",
+            sampling_key=self.study.sampling_key,
+        )
+        error = next((r.error for r in rounds if r.error), None)
+        raw_path = self._paths.raw(name, scenario.key)
+        return ScenarioResult(
+            name, scenario, role, track, status, tuple(rounds), raw_path, summary, error=error
+        )
+
+    def _record(
+        self,
+        name: str,
+        track: str,
+        scenario: Scenario,
+        role: Role,
+        rounds: list[Round],
+        state: CandidateState | None,
+        baseline: ScenarioResult | None,
+        pairing: Pairing,
+        servers: tuple[ServerHandle, ServerHandle] | None = None,
+    ) -> ScenarioResult:
+        """Summarise, pair (a candidate), keep and write one scenario's result. A parity
+        failure with both servers up gets a parity pass that tells a near-tie apart."""
+        result = self._side(name, track, scenario, role, rounds, state)
+        if role is Role.CANDIDATE:
+            s = self.study
+            paired = functools.partial(
+                pair,
+                baseline,
+                result,
+                s.gates,
+                require_parity=s.require_exact_match_at_t0,
+                level=s.policy.look_level if pairing is Pairing.INTERLEAVED else s.policy.level,
+                pairing=pairing,
+                calibration=state is not None and state.candidate.calibration,
+                strict_parity=s.strict_parity,
+                required_telemetry=_telemetry_of(state),
+            )
+            result = paired()
+            if result.parity is not None and not result.parity.quality_ok and servers is not None:
+                spec = replay_spec(s, self._workloads[scenario.workload], servers[0], scenario)
+                keys = result.parity.differing_request_ids
+                epsilon = near_tie_epsilon(s.backend.dtype, s.parity_epsilon)
+                result = paired(ties=parity_pass(self._bundle, spec, servers, keys, epsilon))
+        else:
+            check = self_check(result.rounds) if self.study.baseline_self_check else None
+            result = dataclasses.replace(result, self_check=check, noise_floor=noise_floor(result.rounds))
+            self.baselines.setdefault(track, {})[scenario.key] = result
+        if state is not None:
+            state.scenarios[scenario.key] = result
+        header = documents.RunHeader(self._paths.label, self._paths.root, not self.interrupted)
+        arguments = documents.raw_arguments(self.study, self._workloads[scenario.workload], scenario)
+        raw = documents.raw_document(header, result, view_of(result, self._paths.root), arguments)
+        artifacts.write_json(result.raw_path, raw)
+        return result
+
+
+def _awake_for(rounds: RoundRunner, mine: ServerHandle, other: ServerHandle) -> RoundRunner:
+    """Sleep mode: the other server sleeps and this one wakes before each of its rounds."""
+
+    def run(index: int) -> tuple[Round, KeyboardInterrupt | None]:
+        other.sleep()
+        mine.wake()
+        return rounds(index)
+
+    return run

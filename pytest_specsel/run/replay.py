@@ -1,0 +1,201 @@
+"""One round on one server: the client's replay of a scenario's prompts, with the
+telemetry and memory windows opened after warmup and closed when the round ends.
+
+A Ctrl-C is not lost: the requests that had arrived are returned as an ``interrupted``
+round together with the interrupt, so the caller writes them before re-raising it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from collections.abc import Sequence
+
+from pytest_specsel.core.measurement import MemoryReading
+from pytest_specsel.core.measurement import RequestRecord
+from pytest_specsel.core.measurement import Round
+from pytest_specsel.core.measurement import ServerCounters
+from pytest_specsel.core.measurement import SpecTelemetry
+from pytest_specsel.core.measurement import scenario_figures
+from pytest_specsel.core.measurement import telemetry_from_counters
+from pytest_specsel.core.parity import TieCheck
+from pytest_specsel.core.parity import tie_gap
+from pytest_specsel.core.protocol import BackendBundle
+from pytest_specsel.core.protocol import MemorySampler
+from pytest_specsel.core.protocol import ReplayHooks
+from pytest_specsel.core.protocol import ReplaySpec
+from pytest_specsel.core.protocol import ServerHandle
+from pytest_specsel.core.records import Role
+from pytest_specsel.core.results import Scenario
+from pytest_specsel.core.study import Study
+from pytest_specsel.core.workloads import Workload
+
+__all__ = ["measure_round", "parity_pass", "progress_line", "replay_spec"]
+
+
+def replay_spec(
+    study: Study, workload: Workload, handle: ServerHandle, scenario: Scenario, warmup: Workload | None = None
+) -> ReplaySpec:
+    """One round of ``scenario`` against ``handle``, as the study says to send it."""
+    return ReplaySpec(
+        handle.base_url,
+        study.served_name,
+        workload.prompts,
+        scenario.concurrency,
+        study.warmup,
+        study.repeats,
+        study.max_tokens,
+        study.temperature,
+        study.backend.request_timeout_s,
+        warmup.prompts if warmup is not None else (),
+    )
+
+
+def progress_line(
+    say: Callable[[str], None], name: str, scenario: Scenario, label: str
+) -> Callable[[int, int], None]:
+    """A progress callback that says every quarter of a round."""
+
+    def progress(done: int, total: int) -> None:
+        if done == total or done % max(1, total // 4) == 0:
+            say(f"[specsel] {name} {scenario.key} {label}: {done}/{total} requests")
+
+    return progress
+
+
+#: (prefix-cache queries, prefix-cache hits, mean queue wait in seconds) over a window
+_Deltas = tuple[float | None, float | None, float | None]
+
+
+class _Window:
+    """Counters before and after, and a memory sampler in between."""
+
+    def __init__(self, bundle: BackendBundle, handle: ServerHandle) -> None:
+        self.bundle, self.handle = bundle, handle
+        self.before: ServerCounters | None = None
+        self.error: str | None = None
+        self.sampler: MemorySampler | None = None
+
+    def _scrape(self) -> tuple[ServerCounters | None, str | None]:
+        try:
+            return self.bundle.scraper.scrape(self.handle.base_url), None
+        except Exception as exc:
+            return None, f"{type(exc).__name__}: {exc}"
+
+    def open(self) -> None:
+        self.before, self.error = self._scrape()
+        self.sampler = self.bundle.memory()
+        self.sampler.start(self.handle)
+
+    def close(self) -> tuple[SpecTelemetry | None, MemoryReading | None, _Deltas]:
+        """Telemetry, memory, and the prefix-cache (queries, hits) and mean queue-wait deltas."""
+        if self.sampler is None:
+            return None, None, (None, None, None)
+        memory = self.sampler.stop()
+        after, after_error = self._scrape()
+        error = self.error or after_error
+        before_spec = self.before.spec if self.before else None
+        telemetry = telemetry_from_counters(
+            before_spec, after.spec if after else None, self.bundle.telemetry_origin, error
+        )
+        return telemetry, memory, _cache_delta(self.before, after)
+
+
+def _cache_delta(before: ServerCounters | None, after: ServerCounters | None) -> _Deltas:
+    def delta(field: str) -> float | None:
+        a = getattr(after, field) if after else None
+        b = getattr(before, field) if before else None
+        return a - b if a is not None and b is not None else None
+
+    waited, count = delta("queue_time_s"), delta("queued_count")
+    queue_wait = waited / count if waited is not None and count else None
+    return delta("prefix_cache_queries"), delta("prefix_cache_hits"), queue_wait
+
+
+def measure_round(
+    bundle: BackendBundle,
+    handle: ServerHandle,
+    spec: ReplaySpec,
+    role: Role,
+    index: int,
+    *,
+    window: bool,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[Round, KeyboardInterrupt | None]:
+    """Replay ``spec`` on ``handle``; with ``window``, read telemetry and memory over the
+    measured requests (never over warmup).
+
+    :return: the round (``error`` set when the client failed, a request failed, or the
+        round was interrupted) and the interrupt to re-raise, if any.
+    """
+    meter = _Window(bundle, handle)
+    sink: list[RequestRecord] = []
+    interrupt: KeyboardInterrupt | None = None
+    error: str | None = None
+    requests: tuple[RequestRecord, ...] = ()
+    duration = 0.0
+    load = None
+    try:
+        run = bundle.client.run(spec, ReplayHooks(sink, progress, meter.open if window else None))
+        requests, duration, load = run.requests, run.duration_s, run.client_load
+    except KeyboardInterrupt as exc:
+        interrupt, requests, error = exc, tuple(sink), "interrupted"
+    except Exception as exc:
+        requests, error = tuple(sink), f"{type(exc).__name__}: {exc}"
+    telemetry, memory, (queries, hits, queue_wait) = meter.close()
+    if error is None and any(not r.ok for r in requests):
+        bad = [r for r in requests if not r.ok]
+        error = f"{len(bad)} of {len(requests)} requests failed; first: {bad[0].error}"
+    figures = scenario_figures(requests, duration) if requests and duration else None
+    measured = Round(
+        role, index, requests, duration, figures, telemetry, memory, error, queries, hits, queue_wait, load
+    )
+    return measured, interrupt
+
+
+def parity_pass(
+    bundle: BackendBundle,
+    spec: ReplaySpec,
+    servers: tuple[ServerHandle, ServerHandle],
+    request_keys: Sequence[str],
+    epsilon: float,
+) -> TieCheck:
+    """The parity pass of a divergence: each divergent request once more, one at a time,
+    on the baseline's and the candidate's server, asking for top log-probabilities; at the
+    first differing token, the baseline's log-probability gap to the candidate's token.
+    Timed rounds never carry this payload.
+
+    :param request_keys: ``request_id#repeat`` keys of the divergent requests.
+    """
+    ids = list(dict.fromkeys(key.rsplit("#", 1)[0] for key in request_keys))[:3]
+    prompts = tuple(p for p in spec.prompts if p.request_id in ids)
+    ask = dataclasses.replace(spec, prompts=prompts, concurrency=1, warmup=0, repeats=1, top_logprobs=5)
+    answers = []
+    for handle in servers:
+        try:
+            run = bundle.client.run(dataclasses.replace(ask, base_url=handle.base_url))
+        except Exception as exc:  # the check is unresolved, the divergence still stands
+            return TieCheck(
+                {}, {rid: f"parity pass failed: {type(exc).__name__}: {exc}" for rid in ids}, epsilon
+            )
+        answers.append({r.request_id: r for r in run.requests})
+    gaps: dict[str, float | None] = {}
+    unresolved: dict[str, str] = {}
+    for rid in ids:
+        base, cand = answers[0].get(rid), answers[1].get(rid)
+        if base is None or cand is None or base.logprobs is None or cand.logprobs is None:
+            unresolved[rid] = "no log-probabilities returned"
+            continue
+        index = next(
+            (
+                i
+                for i, (b, c) in enumerate(zip(base.logprobs, cand.logprobs, strict=False))
+                if b.token != c.token
+            ),
+            None,
+        )
+        if index is None:
+            unresolved[rid] = "the outputs agree at concurrency 1: the divergence depends on batching"
+            continue
+        gaps[rid] = tie_gap(base.logprobs, cand.logprobs, index)
+    return TieCheck(gaps, unresolved, epsilon)

@@ -1,0 +1,79 @@
+"""The servers a run has up: started through the backend's launcher, named, timed, and
+stopped (with the device memory released) by the run that started them, on every path.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from collections.abc import MutableMapping
+from pathlib import Path
+
+from pytest_specsel.core.protocol import BackendBundle
+from pytest_specsel.core.protocol import LaunchSpec
+from pytest_specsel.core.protocol import ServerHandle
+from pytest_specsel.core.records import Device
+from pytest_specsel.core.records import SpeculativeConfig
+from pytest_specsel.core.study import Study
+
+__all__ = ["ServerPool"]
+
+
+class ServerPool:
+    """Named running servers of one run; their start and stop times go into ``timings``."""
+
+    def __init__(
+        self,
+        bundle: BackendBundle,
+        study: Study,
+        device: Device,
+        timings: MutableMapping[str, float],
+        say: Callable[[str], None],
+    ) -> None:
+        self._bundle, self._study, self._device = bundle, study, device
+        self._timings, self._say = timings, say
+        self._up: dict[str, ServerHandle] = {}
+
+    def start(
+        self, name: str, target_path: str, speculative: SpeculativeConfig | None, log_path: Path
+    ) -> tuple[ServerHandle, float]:
+        """Start and wait until ready; returns the handle and the seconds it took.
+
+        :raises LaunchError: when the server does not come up (nothing is left running).
+        """
+        spec = LaunchSpec(
+            name,
+            target_path,
+            self._study.served_name,
+            self._study.backend,
+            speculative,
+            log_path,
+            self._device,
+            self._bundle.sleep_mode,
+        )
+        self._say(f"[specsel] {name}: starting server (log {log_path})")
+        t0 = time.monotonic()
+        handle = self._bundle.launcher.start(spec)
+        elapsed = self._timings[f"{name}.server_start_s"] = time.monotonic() - t0
+        self._say(f"[specsel] {name}: server ready in {elapsed:.0f}s at {handle.base_url}")
+        self._up[name] = handle
+        return handle, elapsed
+
+    def get(self, name: str) -> ServerHandle | None:
+        return self._up.get(name)
+
+    def stop(self, name: str) -> None:
+        """Stop a server if it is up, and wait until its device memory is released."""
+        handle = self._up.pop(name, None)
+        if handle is None:
+            return
+        t0 = time.monotonic()
+        handle.stop()
+        released = self._bundle.prober.wait_released(timeout_s=120.0)
+        self._timings[f"{name}.server_stop_s"] = time.monotonic() - t0
+        self._say(
+            f"[specsel] {name}: server stopped" + ("" if released else " (device memory not yet released)")
+        )
+
+    def names(self) -> list[str]:
+        return list(self._up)

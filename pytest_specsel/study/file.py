@@ -1,0 +1,395 @@
+"""The study file: TOML reading, merging over the defaults, and the preflight audit.
+
+One TOML file holds the study: ``specsel.toml`` with a ``[specsel]`` table, or
+``[tool.specsel]`` in ``pyproject.toml``. Keys not given keep the chapter's defaults
+(``study.DEFAULTS``). Every audit error names the file, the line, the key and the
+accepted form.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pytest_specsel.core.families import BASELINE_FAMILY
+from pytest_specsel.core.families import family_contract
+from pytest_specsel.core.intervals import RoundPolicy
+from pytest_specsel.core.records import Thresholds
+from pytest_specsel.core.study import BASELINE_GROUP
+from pytest_specsel.core.study import DEFAULTS
+from pytest_specsel.core.study import GROUPS
+from pytest_specsel.core.study import Backend
+from pytest_specsel.core.study import Candidate
+from pytest_specsel.core.study import Study
+from pytest_specsel.core.study import with_aa_calibration
+from pytest_specsel.files.artifacts import label_problem
+from pytest_specsel.study.locator import Locator as _Locator
+from pytest_specsel.study.locator import StudyError
+
+__all__ = ["StudyError", "load_study", "study_from_mapping"]
+
+_STRATEGY_KEYS: dict[str, type | tuple[type, ...]] = {
+    "enabled": bool,
+    "family": str,
+    "method": str,
+    "asset": str,
+    "options": dict,
+    "min_backend_version": str,
+    "num_speculative_tokens": (int, list),
+    "target": str,
+}
+#: tables a user gives whole; everything else is merged key by key over the defaults
+_WHOLE_TABLES = ("options", "workloads")
+_NAME = re.compile(r"[a-z0-9_]+")
+
+
+def _merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(dict(base))
+    for key, value in override.items():
+        # A workload set or an options table is given whole: it replaces the default.
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict) and key not in _WHOLE_TABLES:
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _check_keys(data: Mapping[str, Any], allowed: Mapping[str, Any], where: str, loc: _Locator) -> None:
+    for key in data:
+        if key not in allowed:
+            accepted = ", ".join(sorted(allowed))
+            raise loc.error(f"{where}.{key}".lstrip("."), f"unknown key {key!r}; accepted keys: {accepted}")
+
+
+def _typed(value: Any, kind: type | tuple[type, ...], dotted: str, loc: _Locator) -> Any:
+    if isinstance(kind, tuple):
+        if not isinstance(value, kind):
+            names = " or ".join(k.__name__ for k in kind)
+            raise loc.error(dotted, f"{value!r} must be of type {names}")
+        return value
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is int and isinstance(value, bool):
+        raise loc.error(dotted, f"{value!r} must be an integer")
+    if not isinstance(value, kind):
+        raise loc.error(dotted, f"{value!r} must be of type {kind.__name__}")
+    return value
+
+
+def _positive(value: int, dotted: str, loc: _Locator) -> int:
+    if value <= 0:
+        raise loc.error(dotted, f"{value!r} must be a positive integer")
+    return value
+
+
+def _local(ref: str, base_dir: Path) -> str:
+    """A model reference that names an existing folder next to the study file becomes
+    absolute; anything else (a Hugging Face id, an absolute path) is kept as written."""
+    path = Path(ref).expanduser()
+    if not path.is_absolute() and (base_dir / path).is_dir():
+        return str((base_dir / path).resolve())
+    return ref
+
+
+def _path(text: str, base_dir: Path) -> Path:
+    path = Path(text).expanduser()
+    return path if path.is_absolute() else base_dir / path
+
+
+def _check_shape(table: Mapping[str, Any], loc: _Locator) -> None:
+    """Unknown keys anywhere, before anything is merged."""
+    _check_keys(table, DEFAULTS, "", loc)
+    for section in ("target", "backend", "run", "gates"):
+        if section in table:
+            if not isinstance(table[section], Mapping):
+                raise loc.error(section, "must be a table")
+            _check_keys(table[section], DEFAULTS[section], section, loc)
+    for group, conf in (table.get("strategies") or {}).items():
+        if group not in GROUPS:
+            raise loc.error(
+                f"strategies.{group}",
+                f"unknown strategy {group!r}; the identities are fixed: {', '.join(GROUPS)} "
+                "(disable one with enabled = false; add others under [specsel.candidates.<name>])",
+            )
+        _check_keys(conf, _STRATEGY_KEYS, f"strategies.{group}", loc)
+    for name, conf in (table.get("candidates") or {}).items():
+        if not _NAME.fullmatch(name) or name in GROUPS:
+            raise loc.error(
+                f"candidates.{name}", f"name {name!r} must use a-z, 0-9 and '_' and not be one of G0-G5"
+            )
+        if not isinstance(conf, Mapping):
+            raise loc.error(f"candidates.{name}", "must be a table")
+        _check_keys(conf, _STRATEGY_KEYS, f"candidates.{name}", loc)
+
+
+def _backend(b: Mapping[str, Any], loc: _Locator) -> Backend:
+    util = _typed(b["gpu_memory_utilization"], float, "backend.gpu_memory_utilization", loc)
+    if not 0 < util < 1:
+        raise loc.error("backend.gpu_memory_utilization", f"{util!r} must lie strictly between 0 and 1")
+    if b["dtype"] not in ("auto", "float32", "bfloat16", "float16", "half", "float"):
+        raise loc.error("backend.dtype", f"{b['dtype']!r} must be auto, float32, bfloat16 or float16")
+    reserved = _typed(b["cpu_reserved_cores"], int, "backend.cpu_reserved_cores", loc)
+    if reserved < -1:
+        raise loc.error("backend.cpu_reserved_cores", f"{reserved!r} must be >= 0, or -1 for vLLM's choice")
+    extra = b["extra_args"]
+    if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
+        raise loc.error("backend.extra_args", f"{extra!r} must be a list of strings (one argv item each)")
+
+    def count(key: str) -> int:
+        return _positive(_typed(b[key], int, f"backend.{key}", loc), f"backend.{key}", loc)
+
+    return Backend(
+        dtype=b["dtype"],
+        max_model_len=count("max_model_len"),
+        gpu_memory_utilization=util,
+        enforce_eager=_typed(b["enforce_eager"], bool, "backend.enforce_eager", loc),
+        cpu_kvcache_space_gb=count("cpu_kvcache_space_gb"),
+        cpu_reserved_cores=reserved,
+        startup_timeout_s=_typed(b["startup_timeout_s"], float, "backend.startup_timeout_s", loc),
+        request_timeout_s=_typed(b["request_timeout_s"], float, "backend.request_timeout_s", loc),
+        extra_args=tuple(extra),
+    )
+
+
+def _workloads(table: Any, base_dir: Path, loc: _Locator) -> dict[str, Path]:
+    if not isinstance(table, Mapping) or not table:
+        raise loc.error("workloads", 'must be a table of name = "path.jsonl" with at least one entry')
+    workloads: dict[str, Path] = {}
+    for name, rel in table.items():
+        if not _NAME.fullmatch(name):
+            raise loc.error(f"workloads.{name}", f"name {name!r} may only use a-z, 0-9 and '_'")
+        path = Path(_typed(rel, str, f"workloads.{name}", loc))
+        workloads[name] = path if path.is_absolute() else (base_dir / path)
+    return workloads
+
+
+def _run(r: Mapping[str, Any], loc: _Locator) -> dict[str, Any]:
+    conc = r["concurrency"]
+    if (
+        not isinstance(conc, list)
+        or not conc
+        or not all(isinstance(c, int) and not isinstance(c, bool) for c in conc)
+    ):
+        raise loc.error("run.concurrency", f"{conc!r} must be a non-empty list of positive integers")
+    for c in conc:
+        _positive(c, "run.concurrency", loc)
+    if len(set(conc)) != len(conc):
+        raise loc.error("run.concurrency", f"{conc!r} lists a level twice")
+    out: dict[str, Any] = {
+        k: _positive(_typed(r[k], int, f"run.{k}", loc), f"run.{k}", loc)
+        for k in ("num_prompts", "repeats", "max_tokens", "num_speculative_tokens")
+    }
+    out["concurrency"] = tuple(conc)
+    out["warmup"] = _typed(r["warmup"], int, "run.warmup", loc)
+    if out["warmup"] < 0:
+        raise loc.error("run.warmup", f"{out['warmup']!r} must be >= 0")
+    temperature = out["temperature"] = _typed(r["temperature"], float, "run.temperature", loc)
+    if temperature < 0:
+        raise loc.error("run.temperature", f"{temperature!r} must be >= 0")
+    exact = out["require_exact_match_at_t0"] = _typed(
+        r["require_exact_match_at_t0"], bool, "run.require_exact_match_at_t0", loc
+    )
+    if exact and temperature != 0:
+        raise loc.error(
+            "run.temperature",
+            f"{temperature!r}: exact-match parity only holds at temperature 0; set temperature = 0.0 "
+            "or require_exact_match_at_t0 = false",
+        )
+    out["baseline_self_check"] = _typed(r["baseline_self_check"], bool, "run.baseline_self_check", loc)
+    out["baseline_rounds"] = _positive(
+        _typed(r["baseline_rounds"], int, "run.baseline_rounds", loc), "run.baseline_rounds", loc
+    )
+    out["policy"] = _policy(r, loc)
+    out["aa_calibration"] = _typed(r["aa_calibration"], bool, "run.aa_calibration", loc)
+    out["strict_parity"] = _typed(r["strict_parity"], bool, "run.strict_parity", loc)
+    epsilon = r["parity_epsilon"]
+    if epsilon == "auto":
+        out["parity_epsilon"] = None
+    else:
+        out["parity_epsilon"] = _typed(epsilon, float, "run.parity_epsilon", loc)
+        if out["parity_epsilon"] < 0:
+            raise loc.error("run.parity_epsilon", f'{epsilon!r} must be >= 0 (nats) or "auto" (by dtype)')
+    return out
+
+
+def _policy(r: Mapping[str, Any], loc: _Locator) -> RoundPolicy:
+    low = _positive(_typed(r["rounds"], int, "run.rounds", loc), "run.rounds", loc)
+    high = _positive(_typed(r["max_rounds"], int, "run.max_rounds", loc), "run.max_rounds", loc)
+    if high < low:
+        raise loc.error("run.max_rounds", f"{high!r} must be >= run.rounds ({low!r})")
+    level = _typed(r["confidence"], float, "run.confidence", loc)
+    if not 0.5 <= level < 1:
+        raise loc.error("run.confidence", f"{level!r} must lie in [0.5, 1), e.g. 0.95")
+    budget = _typed(r["scenario_budget_s"], float, "run.scenario_budget_s", loc)
+    if budget < 0:
+        raise loc.error("run.scenario_budget_s", f"{budget!r} must be >= 0 (0: no budget)")
+    adaptive = _typed(r["adaptive"], bool, "run.adaptive", loc)
+    return RoundPolicy(low, high, level, adaptive, budget_s=budget or None)
+
+
+def _family(key: str, conf: Mapping[str, Any], fixed_slot: str | None, loc: _Locator) -> str:
+    """The canonical family of a strategy or candidate table, checked against its slot."""
+    family = str(conf.get("family", ""))
+    if fixed_slot == BASELINE_GROUP:
+        if family != BASELINE_FAMILY:
+            raise loc.error(f"{key}.family", f"{family!r}: G0 is the target-only baseline, family 'baseline'")
+        return family
+    try:
+        contract = family_contract(family)
+    except ValueError as exc:
+        raise loc.error(f"{key}.family", str(exc).removeprefix("specsel: ")) from None
+    if fixed_slot is not None and contract.family != fixed_slot.split("_", 1)[1]:
+        raise loc.error(
+            f"{key}.family",
+            f"{family!r} is family {contract.family!r}, but {fixed_slot} is the "
+            f"{fixed_slot.split('_', 1)[1]!r} slot (add it under [specsel.candidates.<name>] instead)",
+        )
+    if contract.check_options is not None:
+        problem = contract.check_options(dict(conf.get("options") or {}))
+        if problem is not None:
+            raise loc.error(f"{key}.options", problem)
+    return contract.family
+
+
+def _proposal_lengths(value: Any, key: str, loc: _Locator) -> tuple[int, ...]:
+    """``num_speculative_tokens``: one positive integer, or a list of distinct ones (each
+    becomes a candidate of its own)."""
+    dotted = f"{key}.num_speculative_tokens"
+    values = value if isinstance(value, list) else [value]
+    if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+        raise loc.error(dotted, f"{value!r} must be a positive integer or a non-empty list of them")
+    if len(set(values)) != len(values):
+        raise loc.error(dotted, f"{value!r} lists a proposal length twice")
+    return tuple(values)
+
+
+def _candidates(
+    group: str, conf: Mapping[str, Any], fixed: bool, default_k: int, loc: _Locator, base_dir: Path
+) -> list[Candidate]:
+    """One candidate per proposal length: a table with ``num_speculative_tokens = [3, 5]``
+    gives ``<group>-k3`` and ``<group>-k5``; one value keeps the table's own name."""
+    key = f"strategies.{group}" if fixed else f"candidates.{group}"
+    for name, kind in _STRATEGY_KEYS.items():
+        if name in conf:
+            _typed(conf[name], kind, f"{key}.{name}", loc)
+    family = _family(key, conf, group if fixed else None, loc)
+    listed = isinstance(conf.get("num_speculative_tokens"), list)
+    lengths = _proposal_lengths(conf.get("num_speculative_tokens", default_k), key, loc)
+    if listed and family == BASELINE_FAMILY:
+        raise loc.error(f"{key}.num_speculative_tokens", "the target-only baseline proposes nothing")
+    return [
+        Candidate(
+            group=group,
+            enabled=bool(conf.get("enabled", True)),
+            family=family,
+            method=conf.get("method") or None,
+            asset=_local(conf["asset"], base_dir) if conf.get("asset") else None,
+            options=dict(conf.get("options") or {}),
+            min_backend_version=conf.get("min_backend_version") or None,
+            num_speculative_tokens=k,
+            target=_local(conf["target"], base_dir) if conf.get("target") else None,
+            fixed=fixed,
+            k_in_name=listed and len(lengths) > 1,
+        )
+        for k in lengths
+    ]
+
+
+def _gates(g: Mapping[str, Any], loc: _Locator) -> Thresholds:
+    gates = Thresholds(**{k: _typed(g[k], float, f"gates.{k}", loc) for k in DEFAULTS["gates"]})
+    for key in DEFAULTS["gates"]:
+        if getattr(gates, key) <= 0:
+            raise loc.error(f"gates.{key}", f"{getattr(gates, key)!r} must be > 0")
+    return gates
+
+
+def study_from_mapping(
+    table: Mapping[str, Any],
+    base_dir: Path,
+    source: str = "<defaults>",
+    text: str = "",
+    prefix: str = "specsel",
+) -> Study:
+    """Validate a ``[specsel]`` table merged over :data:`~pytest_specsel.core.study.DEFAULTS`.
+
+    :param table: the user's table (may be empty).
+    :param base_dir: relative paths (workloads, results, model folders) are taken from here.
+    :param source: file name for messages; ``text`` its content for line numbers.
+    :raises StudyError: on the first audit failure.
+    """
+    loc = _Locator(source, text, prefix)
+    _check_shape(table, loc)
+    data = _merge(DEFAULTS, table)
+    label = _typed(data["run_label"], str, "run_label", loc)
+    if label and label_problem(label):
+        raise loc.error("run_label", str(label_problem(label)))
+    t = data["target"]
+    model = _local(_typed(t["model"], str, "target.model", loc).strip(), base_dir)
+    if not model:
+        raise loc.error("target.model", "must name a local path or a Hugging Face id")
+    if t["source"] not in ("auto", "local", "huggingface"):
+        raise loc.error("target.source", f"{t['source']!r} must be one of 'auto', 'local', 'huggingface'")
+    run = _run(data["run"], loc)
+    k = run["num_speculative_tokens"]
+    candidates = [
+        c for g in GROUPS for c in _candidates(g, data["strategies"].get(g) or {}, True, k, loc, base_dir)
+    ]
+    candidates += [
+        c for n, t in data["candidates"].items() for c in _candidates(n, t, False, k, loc, base_dir)
+    ]
+    results = _path(_typed(data["results_dir"], str, "results_dir", loc), base_dir)
+    aa = run.pop("aa_calibration")
+    study = Study(
+        source=source,
+        run_label=label,
+        results_dir=results,
+        target_model=model,
+        model_source=t["source"],
+        model_cache=_typed(t["cache"], str, "target.cache", loc),
+        served_name=_typed(t["served_name"], str, "target.served_name", loc) or model,
+        backend=_backend(data["backend"], loc),
+        workloads=_workloads(data["workloads"], base_dir, loc),
+        warmup_workload=_path(_typed(data["warmup_workload"], str, "warmup_workload", loc), base_dir),
+        candidates=tuple(candidates),
+        gates=_gates(data["gates"], loc),
+        **run,
+    )
+    return with_aa_calibration(study) if aa else study
+
+
+def load_study(path: Path | None, rootdir: Path) -> Study:
+    """Load the study: ``path``, else ``specsel.toml``, else ``[tool.specsel]`` in
+    ``pyproject.toml`` under ``rootdir``, else the defaults.
+
+    :raises StudyError: for a missing file, bad TOML or a failed audit.
+    """
+    candidates: list[tuple[Path, str]] = []
+    if path is not None:
+        path = path.resolve()
+        if not path.is_file():
+            raise StudyError(f"specsel: --specsel-config {str(path)!r}: no such file")
+        prefix = "tool.specsel" if path.name == "pyproject.toml" else "specsel"
+        candidates.append((path, prefix))
+    else:
+        candidates += [(rootdir / "specsel.toml", "specsel"), (rootdir / "pyproject.toml", "tool.specsel")]
+    for file, prefix in candidates:
+        if not file.is_file():
+            continue
+        text = file.read_text(encoding="utf-8")
+        try:
+            doc = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise StudyError(f"specsel: {file}: not valid TOML: {exc}") from None
+        table: Any = doc
+        for part in prefix.split("."):
+            table = table.get(part) if isinstance(table, Mapping) else None
+        if table is None:
+            if path is not None:
+                raise StudyError(f"specsel: {file}: has no [{prefix}] table")
+            continue
+        return study_from_mapping(table, file.parent, str(file), text, prefix)
+    return study_from_mapping({}, rootdir)
