@@ -1,6 +1,7 @@
 """Measuring one scenario: a side's own rounds, or a candidate's paired rounds against the
 baseline server beside it; then summarise, pair and write the scenario's raw file at once
-(an interrupted run keeps it).
+(an interrupted run keeps it). A private helper of one candidate's run (``candidate.py``):
+it returns each result and keeps only its own timings.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import functools
 import time
 from collections.abc import Callable
 from collections.abc import Mapping
-from collections.abc import MutableMapping
+from collections.abc import Sequence
+from pathlib import Path
 
 from pytest_specsel.core.families import family_contract
 from pytest_specsel.core.interleave import RoundRunner
@@ -26,12 +28,10 @@ from pytest_specsel.core.protocol import ServerHandle
 from pytest_specsel.core.records import Pairing
 from pytest_specsel.core.records import Role
 from pytest_specsel.core.records import RunStatus
-from pytest_specsel.core.results import CandidateState
 from pytest_specsel.core.results import Scenario
 from pytest_specsel.core.results import ScenarioResult
-from pytest_specsel.core.results import scenarios_of
-from pytest_specsel.core.results import track_snapshot
 from pytest_specsel.core.results import view_of
+from pytest_specsel.core.study import Candidate
 from pytest_specsel.core.study import Study
 from pytest_specsel.core.workloads import Workload
 from pytest_specsel.files import artifacts
@@ -42,41 +42,66 @@ from pytest_specsel.run.replay import parity_pass
 from pytest_specsel.run.replay import progress_line
 from pytest_specsel.run.replay import replay_spec
 
-__all__ = ["ScenarioMeter"]
+__all__ = ["MeasureContext", "ScenarioMeter", "Side"]
 
 
-def _telemetry_of(state: CandidateState | None) -> tuple[str, ...]:
-    """The telemetry the candidate's family must report (none for a target-only one)."""
-    if state is None or state.candidate.target_only:
-        return ()
-    return family_contract(state.candidate.family).telemetry
+@dataclasses.dataclass(frozen=True, slots=True)
+class MeasureContext:
+    """What every candidate's run of one selection reads and nobody changes (picklable)."""
+
+    study: Study
+    results_dir: Path
+    label: str
+    workloads: Mapping[str, Workload]
+    #: the prompts warmup sends (empty without warmup)
+    warmup: Workload | None
+
+    @property
+    def paths(self) -> RunPaths:
+        return RunPaths(self.results_dir, self.label)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Side:
+    """One server's side of a scenario: whose rounds, on which target snapshot."""
+
+    name: str
+    track: str
+    #: the candidate it measures (None for a track's baseline server started for another)
+    candidate: Candidate | None
+    target_snapshot: str | None
+
+    @property
+    def role(self) -> Role:
+        return Role.BASELINE if self.candidate is None or self.candidate.is_baseline else Role.CANDIDATE
+
+    @property
+    def telemetry(self) -> tuple[str, ...]:
+        """The telemetry the candidate's family must report (none for a target-only one)."""
+        if self.candidate is None or self.candidate.target_only:
+            return ()
+        return family_contract(self.candidate.family).telemetry
 
 
 class ScenarioMeter:
-    """Measures scenarios for one run; keeps each track's baseline results."""
+    """Measures scenarios and returns them; keeps only its own timings."""
 
     def __init__(
         self,
-        study: Study,
+        context: MeasureContext,
         bundle: BackendBundle,
-        paths: RunPaths,
-        workloads: Mapping[str, Workload],
-        states: Mapping[str, CandidateState],
-        timings: MutableMapping[str, float],
+        plan: Mapping[str, Sequence[str]],
         say: Callable[[str], None],
     ) -> None:
-        self.study, self._bundle, self._paths = study, bundle, paths
-        self._workloads, self._states, self._timings, self._say = workloads, states, timings, say
-        #: per track, per scenario key: the baseline's own result
-        self.baselines: dict[str, dict[str, ScenarioResult]] = {}
-        #: per server name: the scenario keys it will measure, for progress messages
-        self.plan: dict[str, list[str]] = {}
+        self.study, self._bundle, self._paths = context.study, bundle, context.paths
+        self._workloads, self.warmup, self._plan, self._say = context.workloads, context.warmup, plan, say
+        self.timings: dict[str, float] = {}
         self.interrupted = False
-        #: the prompts warmup sends (set after preflight)
-        self.warmup: Workload | None = None
+        #: the scenario result written just before an interrupt was raised again
+        self.interrupted_result: ScenarioResult | None = None
 
     def _announce(self, name: str, scenario: Scenario, what: str) -> None:
-        plan = self.plan.get(name) or [s.key for s in scenarios_of(self.study)]
+        plan = list(self._plan.get(name) or [scenario.key])
         position = plan.index(scenario.key) + 1 if scenario.key in plan else len(plan) + 1
         s = self.study
         self._say(
@@ -96,64 +121,47 @@ class ScenarioMeter:
         return run
 
     def side(
-        self, name: str, track: str, handle: ServerHandle, scenario: Scenario, state: CandidateState | None
+        self, side: Side, handle: ServerHandle, scenario: Scenario, baseline: ScenarioResult | None = None
     ) -> ScenarioResult:
-        """A fixed number of rounds on one server: a baseline's own, or a sequential candidate's."""
+        """A fixed number of rounds on one server: a baseline's own, or a sequential candidate's
+        (paired with ``baseline``, the track's own result for the scenario)."""
         t0 = time.monotonic()
-        baseline = state is None or state.candidate.is_baseline
-        role = Role.BASELINE if baseline else Role.CANDIDATE
-        count = self.study.baseline_rounds if baseline else self.study.policy.min_pairs
-        self._announce(name, scenario, f"{count} rounds")
-        run, rounds, interrupt = self._rounds_of(name, handle, scenario, role), [], None
+        role = side.role
+        count = self.study.baseline_rounds if role is Role.BASELINE else self.study.policy.min_pairs
+        self._announce(side.name, scenario, f"{count} rounds")
+        run, rounds, interrupt = self._rounds_of(side.name, handle, scenario, role), [], None
         for index in range(count):
             measured, interrupt = run(index)
             rounds.append(measured)
             if interrupt is not None or measured.error is not None:
                 break
-        base = None if baseline else self.baselines.get(track, {}).get(scenario.key)
-        result = self._record(name, track, scenario, role, rounds, state, base, Pairing.SEQUENTIAL)
-        return self._finish_measure(name, scenario, t0, result, interrupt)
+        result = self._record(side, scenario, rounds, baseline, Pairing.SEQUENTIAL)
+        return self._finish_measure(side.name, scenario, t0, result, interrupt)
 
     def pairs(
         self,
-        state: CandidateState,
+        side: Side,
         handle: ServerHandle,
         scenario: Scenario,
-        base_name: str,
+        base: Side,
         base_handle: ServerHandle,
         sleeping: bool = False,
     ) -> ScenarioResult:
         """Interleaved round pairs against the track's baseline server, up beside it (with
         ``sleeping``, each round wakes its server and puts the other to sleep first)."""
         t0 = time.monotonic()
-        name, track = state.name, state.track
-        self._announce(name, scenario, f"paired rounds, ABBA, {self.study.policy.min_pairs}+ pairs")
-        base_rounds = self._rounds_of(base_name, base_handle, scenario, Role.BASELINE)
-        cand_rounds = self._rounds_of(name, handle, scenario, Role.CANDIDATE)
+        self._announce(side.name, scenario, f"paired rounds, ABBA, {self.study.policy.min_pairs}+ pairs")
+        base_rounds = self._rounds_of(base.name, base_handle, scenario, Role.BASELINE)
+        cand_rounds = self._rounds_of(side.name, handle, scenario, Role.CANDIDATE)
         if sleeping:
             base_rounds = _awake_for(base_rounds, base_handle, handle)
             cand_rounds = _awake_for(cand_rounds, handle, base_handle)
-        run = run_pairs(
-            base_rounds,
-            cand_rounds,
-            self.study.policy,
-            self.study.gates,
-        )
-        base = self._side(
-            base_name, track, scenario, Role.BASELINE, list(run.baseline), self._states.get(base_name)
-        )
+        run = run_pairs(base_rounds, cand_rounds, self.study.policy, self.study.gates)
+        baseline = self._side(base, scenario, Role.BASELINE, list(run.baseline))
         result = self._record(
-            name,
-            track,
-            scenario,
-            Role.CANDIDATE,
-            list(run.candidate),
-            state,
-            base,
-            Pairing.INTERLEAVED,
-            (base_handle, handle),
+            side, scenario, list(run.candidate), baseline, Pairing.INTERLEAVED, (base_handle, handle)
         )
-        return self._finish_measure(name, scenario, t0, result, run.interrupt)
+        return self._finish_measure(side.name, scenario, t0, result, run.interrupt)
 
     def _finish_measure(
         self,
@@ -163,55 +171,44 @@ class ScenarioMeter:
         result: ScenarioResult,
         interrupt: KeyboardInterrupt | None,
     ) -> ScenarioResult:
-        self._timings[f"{name}.{scenario.key}.measure_s"] = time.monotonic() - t0
+        self.timings[f"{name}.{scenario.key}.measure_s"] = time.monotonic() - t0
         if interrupt is not None:
-            self.interrupted = True
+            self.interrupted, self.interrupted_result = True, result
             raise interrupt
         return result
 
-    def _side(
-        self,
-        name: str,
-        track: str,
-        scenario: Scenario,
-        role: Role,
-        rounds: list[Round],
-        state: CandidateState | None,
-    ) -> ScenarioResult:
-        """One side's rounds as a result, summarised (not yet paired, kept or written)."""
+    def _side(self, side: Side, scenario: Scenario, role: Role, rounds: list[Round]) -> ScenarioResult:
+        """One side's rounds as a result, summarised (not yet paired or written)."""
         workload = self._workloads[scenario.workload]
         status = RunStatus.FAILED if not rounds or any(r.error for r in rounds) else RunStatus.COMPLETED
         summary = run_summary(
             role,
             status,
             rounds,
-            target_snapshot=track_snapshot(self._states.values(), track, state),
+            target_snapshot=side.target_snapshot,
             workload_key=f"{scenario.workload}@{workload.sha256[:12]}-n{len(workload.prompts)}"
             f"x{self.study.repeats}-c{scenario.concurrency}",
             sampling_key=self.study.sampling_key,
         )
         error = next((r.error for r in rounds if r.error), None)
-        raw_path = self._paths.raw(name, scenario.key)
+        raw_path = self._paths.raw(side.name, scenario.key)
         return ScenarioResult(
-            name, scenario, role, track, status, tuple(rounds), raw_path, summary, error=error
+            side.name, scenario, role, side.track, status, tuple(rounds), raw_path, summary, error=error
         )
 
     def _record(
         self,
-        name: str,
-        track: str,
+        side: Side,
         scenario: Scenario,
-        role: Role,
         rounds: list[Round],
-        state: CandidateState | None,
         baseline: ScenarioResult | None,
         pairing: Pairing,
         servers: tuple[ServerHandle, ServerHandle] | None = None,
     ) -> ScenarioResult:
-        """Summarise, pair (a candidate), keep and write one scenario's result. A parity
-        failure with both servers up gets a parity pass that tells a near-tie apart."""
-        result = self._side(name, track, scenario, role, rounds, state)
-        if role is Role.CANDIDATE:
+        """Summarise, pair (a candidate) and write one scenario's result. A parity failure
+        with both servers up gets a parity pass that tells a near-tie apart."""
+        result = self._side(side, scenario, side.role, rounds)
+        if side.role is Role.CANDIDATE:
             s = self.study
             paired = functools.partial(
                 pair,
@@ -221,9 +218,9 @@ class ScenarioMeter:
                 require_parity=s.require_exact_match_at_t0,
                 level=s.policy.look_level if pairing is Pairing.INTERLEAVED else s.policy.level,
                 pairing=pairing,
-                calibration=state is not None and state.candidate.calibration,
+                calibration=side.candidate is not None and side.candidate.calibration,
                 strict_parity=s.strict_parity,
-                required_telemetry=_telemetry_of(state),
+                required_telemetry=side.telemetry,
             )
             result = paired()
             if result.parity is not None and not result.parity.quality_ok and servers is not None:
@@ -234,9 +231,6 @@ class ScenarioMeter:
         else:
             check = self_check(result.rounds) if self.study.baseline_self_check else None
             result = dataclasses.replace(result, self_check=check, noise_floor=noise_floor(result.rounds))
-            self.baselines.setdefault(track, {})[scenario.key] = result
-        if state is not None:
-            state.scenarios[scenario.key] = result
         header = documents.RunHeader(self._paths.label, self._paths.root, not self.interrupted)
         arguments = documents.raw_arguments(self.study, self._workloads[scenario.workload], scenario)
         raw = documents.raw_document(header, result, view_of(result, self._paths.root), arguments)

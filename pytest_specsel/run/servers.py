@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from collections.abc import MutableMapping
 from pathlib import Path
 
 from pytest_specsel.core.protocol import BackendBundle
@@ -20,19 +19,19 @@ __all__ = ["ServerPool"]
 
 
 class ServerPool:
-    """Named running servers of one run; their start and stop times go into ``timings``."""
+    """Named running servers; their start and stop times are kept in ``timings``."""
 
     def __init__(
         self,
         bundle: BackendBundle,
         study: Study,
         device: Device,
-        timings: MutableMapping[str, float],
         say: Callable[[str], None],
     ) -> None:
-        self._bundle, self._study, self._device = bundle, study, device
-        self._timings, self._say = timings, say
+        self._bundle, self._study, self._device, self._say = bundle, study, device, say
         self._up: dict[str, ServerHandle] = {}
+        #: "<name>.server_start_s" / "<name>.server_stop_s" per server started here
+        self.timings: dict[str, float] = {}
 
     def start(
         self, name: str, target_path: str, speculative: SpeculativeConfig | None, log_path: Path
@@ -54,7 +53,7 @@ class ServerPool:
         self._say(f"[specsel] {name}: starting server (log {log_path})")
         t0 = time.monotonic()
         handle = self._bundle.launcher.start(spec)
-        elapsed = self._timings[f"{name}.server_start_s"] = time.monotonic() - t0
+        elapsed = self.timings[f"{name}.server_start_s"] = time.monotonic() - t0
         self._say(f"[specsel] {name}: server ready in {elapsed:.0f}s at {handle.base_url}")
         self._up[name] = handle
         return handle, elapsed
@@ -70,10 +69,14 @@ class ServerPool:
         t0 = time.monotonic()
         handle.stop()
         released = self._bundle.prober.wait_released(timeout_s=120.0)
-        self._timings[f"{name}.server_stop_s"] = time.monotonic() - t0
+        self.timings[f"{name}.server_stop_s"] = time.monotonic() - t0
         self._say(
             f"[specsel] {name}: server stopped" + ("" if released else " (device memory not yet released)")
         )
 
     def names(self) -> list[str]:
         return list(self._up)
+
+    def timings_of(self, *names: str | None) -> dict[str, float]:
+        """The start and stop times of these servers."""
+        return {k: v for k, v in self.timings.items() if k.rsplit(".", 1)[0] in names}
