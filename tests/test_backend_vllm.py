@@ -458,6 +458,57 @@ class TestRealInspect:
         result, facts = self.admit(tmp_path, '[specsel.target]\nmodel = "target"\n', "g2_mtp")
         assert result.status.value == "runnable" and facts.native_mtp
 
+    def vllm_python(self, tmp_path):
+        """A stand-in for vLLM's interpreter whose config code fails as it does on a target
+        that needs remote code; it leaves a mark each time it is asked."""
+        script = tmp_path / "vllm-python"
+        script.write_text(
+            "#!/bin/sh\n"
+            f"touch {tmp_path / 'asked'}\n"
+            "echo 'Traceback (most recent call last):' >&2\n"
+            "echo 'ValueError: The repository /models/kimi contains custom code which must be executed "
+            "to correctly load the model.' >&2\n"
+            "exit 1\n"
+        )
+        script.chmod(0o755)
+        return script
+
+    def inspect_with(self, tmp_path, python):
+        import dataclasses
+        import types
+
+        from pytest_specsel.backends.fake import fake_bundle
+        from pytest_specsel.backends.vllm.backend import VllmProber
+        from pytest_specsel.run.preflight import admit_candidate
+
+        study = self.study(tmp_path, '[specsel.target]\nmodel = "target"\n')
+        cap = fake_bundle()[1].capability
+        cap = dataclasses.replace(cap, runtime={**cap.runtime, "backend_python": str(python)})
+        bundle = types.SimpleNamespace(prober=VllmProber("cpu", tmp_path), launch_config=lambda c: {})
+        return admit_candidate(study, bundle, cap, study.candidate("g2_mtp"), True, "")
+
+    def test_a_remote_code_target_without_mtp_layers_is_asset_missing_and_vllm_is_not_asked(self, tmp_path):
+        # Kimi-K2's config.json: a model type known only through its auto_map remote code.
+        self.target(
+            tmp_path,
+            model_type="kimi_k2",
+            architectures=["DeepseekV3ForCausalLM"],
+            auto_map={"AutoConfig": "configuration_deepseek.DeepseekV3Config"},
+            num_nextn_predict_layers=0,
+        )
+        state = self.inspect_with(tmp_path, self.vllm_python(tmp_path))
+        assert state.run_status.value == "asset_missing"
+        assert "num_nextn_predict_layers=0 (no MTP layers)" in state.admission.detail
+        assert not (tmp_path / "asked").exists()
+
+    def test_an_mtp_check_that_fails_is_a_failed_check_not_the_backends_verdict(self, tmp_path):
+        self.target(tmp_path, model_type="kimi_k2", num_nextn_predict_layers=1)
+        state = self.inspect_with(tmp_path, self.vllm_python(tmp_path))
+        assert (tmp_path / "asked").exists()
+        assert (state.run_status.value, state.admission.reason.value) == ("failed", "preflight_error")
+        assert state.admission.detail.startswith("BackendCheckError: the MTP check of ")
+        assert "ValueError: The repository /models/kimi contains custom code" in state.admission.detail
+
     def test_an_estimate_over_the_budget_is_capacity_blocked(self, tmp_path):
         self.target(tmp_path)
         result, facts = self.admit(

@@ -141,6 +141,12 @@ def native_mtp(config: Mapping[str, Any], backend_mtp_types: Iterable[str] = ())
             return True, f"text_config: {why}"
     declared = set(backend_mtp_types)
     hint = f"; this backend has an MTP path for {model_type}_mtp" if f"{model_type}_mtp" in declared else ""
+    zero = [f"{k}={config[k]!r}" for k in MTP_KEYS if k in config]
+    if isinstance(text_config, Mapping):
+        zero += [f"text_config.{k}={text_config[k]!r}" for k in MTP_KEYS if k in text_config]
+    if zero:
+        declares = ", ".join(zero)
+        return False, f"model_type {model_type!r}: config.json declares {declares} (no MTP layers){hint}"
     return False, f"model_type {model_type!r} has none of {', '.join(MTP_KEYS)}{hint}"
 
 

@@ -83,7 +83,7 @@ max_rounds = 2
             "*specsel: speculative-decoding selection*",
             "g0_target_only-repetition-c1*completed*4/4 self*baseline",
             "g1_ngram-repetition-c1*completed*",
-            "g2_mtp: unsupported: backend_method_unavailable*no MTP model for target model_type 'llama'*",
+            "g2_mtp: asset_missing: required_model_asset_unavailable*model_type 'llama' has none of*",
             "g5_dspark: unsupported: backend_method_unavailable*V1 does not support dspark*",
         ]
     )
@@ -97,7 +97,7 @@ max_rounds = 2
     assert statuses == {
         "g0_target_only": "completed",
         "g1_ngram": "completed",
-        "g2_mtp": "unsupported",
+        "g2_mtp": "asset_missing",
         "g3_eagle": "asset_missing",
         "g4_dflash": "asset_missing",
         "g5_dspark": "unsupported",

