@@ -509,6 +509,32 @@ class TestHouse:
         out = result.stdout.str() + result.stderr.str()
         assert "Traceback" not in out and "error during collection" not in out.lower()
 
+    def test_a_study_in_its_own_folder_runs_on_the_packaged_default_workloads(self, project):
+        """No workload, no warm-up file named: the package's defaults are used wherever the
+        study lives (this ended in 'workload warmup: <study folder>/benchmarks/workloads/
+        speculative_warmup.jsonl: no such file', exit status 4, before)."""
+        p = project("{'g1_ngram': FakeScript(token_s=0.005)}")
+        (p.path / "elsewhere").mkdir()
+        (p.path / "elsewhere" / "study.toml").write_text(
+            '[specsel]\nresults_dir = "results"\n[specsel.target]\nmodel = "fake/target"\n'
+            "[specsel.run]\nnum_prompts = 2\nwarmup = 1\n"
+        )
+        result = p.runpytest(
+            "--specsel-cpu",
+            "--specsel-config",
+            "elsewhere/study.toml",
+            "--specsel-label",
+            "own",
+            "-k",
+            "ngram",
+        )
+        assert result.ret == pytest.ExitCode.OK, result.stderr.str()
+        result.assert_outcomes(passed=2, deselected=10)
+        manifest = json.loads((p.path / "elsewhere" / "results" / "own" / "manifest.json").read_text())
+        assert manifest["config"]["warmup_workload"].endswith(
+            "pytest_specsel/data/workloads/speculative_warmup.jsonl"
+        )
+
 
 class TestRounds:
     def test_an_open_gate_is_tune_collect_more_rounds_naming_its_interval(self, project):

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+import pytest_specsel
 from pytest_specsel.core.study import GROUPS
 from pytest_specsel.core.workloads import WorkloadError
 from pytest_specsel.core.workloads import load_workload
@@ -83,6 +84,30 @@ def test_model_folders_are_relative_to_the_study_file(tmp_path):
     study = load_study(path, tmp_path)
     assert study.target_model == "org/target"
     assert study.candidate("g3_eagle").asset == str((tmp_path / "models" / "eagle").resolve())
+
+
+def test_a_study_outside_the_checkout_finds_the_default_workloads_in_the_package(tmp_path):
+    """A study in its own folder that names no workload: the defaults are the package's
+    files (they used to be looked up beside the study, where they never are)."""
+    (tmp_path / "my-study").mkdir()
+    path = write(tmp_path / "my-study", '[specsel.target]\nmodel = "org/target"\n[specsel.run]\nwarmup = 2\n')
+    study = load_study(path, tmp_path / "elsewhere")
+    package = Path(pytest_specsel.__file__).resolve().parent / "data" / "workloads"
+    assert study.warmup_workload == package / "speculative_warmup.jsonl"
+    assert dict(study.workloads) == {
+        "general": package / "speculative_general.jsonl",
+        "repetition": package / "speculative_repetition.jsonl",
+    }
+    assert len(load_workload("warmup", study.warmup_workload).prompts) > 0
+    # what the study writes is its own: results beside it, a workload it names relative to it
+    assert study.results_dir == tmp_path / "my-study" / "benchmarks" / "results"
+    write(tmp_path / "my-study", '[specsel]\nwarmup_workload = "w.jsonl"\n')
+    assert load_study(path, tmp_path).warmup_workload == tmp_path / "my-study" / "w.jsonl"
+
+
+def test_a_default_model_id_is_not_taken_for_a_folder_beside_the_study(tmp_path):
+    (tmp_path / "Qwen" / "Qwen2.5-1.5B-Instruct").mkdir(parents=True)
+    assert load_study(None, tmp_path).target_model == "Qwen/Qwen2.5-1.5B-Instruct"
 
 
 def test_a_workloads_table_replaces_the_default_set(tmp_path):
@@ -242,8 +267,10 @@ class TestWorkloads:
         assert load_workload("w", path).sha256 != first
 
     def test_shipped_workloads_have_distinct_ids_and_the_repetition_one_quotes_its_prompt(self):
-        rep = load_workload("repetition", REPO / "benchmarks/workloads/speculative_repetition.jsonl", 8)
-        gen = load_workload("general", REPO / "benchmarks/workloads/speculative_general.jsonl", 8)
+        rep = load_workload(
+            "repetition", REPO / "pytest_specsel/data/workloads/speculative_repetition.jsonl", 8
+        )
+        gen = load_workload("general", REPO / "pytest_specsel/data/workloads/speculative_general.jsonl", 8)
         ids = [p.request_id for p in rep.prompts + gen.prompts]
         assert len(ids) == len(set(ids)) == 16
         # Each repetition prompt carries a block (code, list, lines, JSON) the answer should copy.

@@ -55,12 +55,14 @@ DEFAULTS: dict[str, Any] = {
         "request_timeout_s": 180.0,
         "extra_args": [],
     },
+    # Default paths that read a file are package data (PACKAGE_DATA), not the study's folder:
+    # only a path the study writes is taken relative to the study file.
     "workloads": {
-        "general": "benchmarks/workloads/speculative_general.jsonl",
-        "repetition": "benchmarks/workloads/speculative_repetition.jsonl",
+        "general": "workloads/speculative_general.jsonl",
+        "repetition": "workloads/speculative_repetition.jsonl",
     },
     #: the prompts warmup sends: never measured, none of them in a measured workload
-    "warmup_workload": "benchmarks/workloads/speculative_warmup.jsonl",
+    "warmup_workload": "workloads/speculative_warmup.jsonl",
     "run": {
         "concurrency": [1],
         "num_prompts": 8,

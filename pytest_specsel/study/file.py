@@ -44,6 +44,8 @@ _STRATEGY_KEYS: dict[str, type | tuple[type, ...]] = {
 }
 #: tables a user gives whole; everything else is merged key by key over the defaults
 _WHOLE_TABLES = ("options", "workloads")
+#: where the package keeps the files its defaults name (the default workloads)
+PACKAGE_DATA = Path(__file__).resolve().parents[1] / "data"
 _NAME = re.compile(r"[a-z0-9_]+")
 
 
@@ -328,7 +330,9 @@ def study_from_mapping(
     if label and label_problem(label):
         raise loc.error("run_label", str(label_problem(label)))
     t = data["target"]
-    model = _local(_typed(t["model"], str, "target.model", loc).strip(), base_dir)
+    model = _typed(t["model"], str, "target.model", loc).strip()
+    if "model" in (table.get("target") or {}):
+        model = _local(model, base_dir)
     if not model:
         raise loc.error("target.model", "must name a local path or a Hugging Face id")
     if t["source"] not in ("auto", "local", "huggingface"):
@@ -341,6 +345,9 @@ def study_from_mapping(
     candidates += [
         c for n, t in data["candidates"].items() for c in _candidates(n, t, False, k, loc, base_dir)
     ]
+    # A default the study did not write is found where the package keeps it; results_dir
+    # (written, not read) stays under the study's folder.
+    reads = {key: base_dir if key in table else PACKAGE_DATA for key in ("workloads", "warmup_workload")}
     results = _path(_typed(data["results_dir"], str, "results_dir", loc), base_dir)
     aa = run.pop("aa_calibration")
     study = Study(
@@ -352,8 +359,10 @@ def study_from_mapping(
         model_cache=_typed(t["cache"], str, "target.cache", loc),
         served_name=_typed(t["served_name"], str, "target.served_name", loc) or model,
         backend=_backend(data["backend"], loc),
-        workloads=_workloads(data["workloads"], base_dir, loc),
-        warmup_workload=_path(_typed(data["warmup_workload"], str, "warmup_workload", loc), base_dir),
+        workloads=_workloads(data["workloads"], reads["workloads"], loc),
+        warmup_workload=_path(
+            _typed(data["warmup_workload"], str, "warmup_workload", loc), reads["warmup_workload"]
+        ),
         candidates=tuple(candidates),
         gates=_gates(data["gates"], loc),
         **run,

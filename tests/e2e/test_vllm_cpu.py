@@ -38,7 +38,7 @@ def test_the_probe_reads_vllms_own_declarations():
 
 
 def test_the_plugin_measures_g0_and_g1_for_real(pytester):
-    shutil.copytree(REPO / "benchmarks" / "workloads", pytester.path / "workloads")
+    shutil.copytree(REPO / "pytest_specsel" / "data" / "workloads", pytester.path / "workloads")
     shutil.copy(REPO / "benchmarks" / "test_speculative_selection.py", pytester.path)
     (pytester.path / ".specsel").symlink_to(REPO / ".specsel")
     pytester.makefile(
