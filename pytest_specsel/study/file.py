@@ -8,7 +8,6 @@ accepted form.
 
 from __future__ import annotations
 
-import copy
 import re
 import tomllib
 from collections.abc import Mapping
@@ -29,6 +28,12 @@ from pytest_specsel.core.study import with_aa_calibration
 from pytest_specsel.files.artifacts import label_problem
 from pytest_specsel.study.locator import Locator as _Locator
 from pytest_specsel.study.locator import StudyError
+from pytest_specsel.study.reads import check_keys
+from pytest_specsel.study.reads import local_ref
+from pytest_specsel.study.reads import merge
+from pytest_specsel.study.reads import positive
+from pytest_specsel.study.reads import relative_path
+from pytest_specsel.study.reads import typed
 
 __all__ = ["StudyError", "load_study", "study_from_mapping"]
 
@@ -42,74 +47,19 @@ _STRATEGY_KEYS: dict[str, type | tuple[type, ...]] = {
     "num_speculative_tokens": (int, list),
     "target": str,
 }
-#: tables a user gives whole; everything else is merged key by key over the defaults
-_WHOLE_TABLES = ("options", "workloads")
 #: where the package keeps the files its defaults name (the default workloads)
 PACKAGE_DATA = Path(__file__).resolve().parents[1] / "data"
 _NAME = re.compile(r"[a-z0-9_]+")
 
 
-def _merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(dict(base))
-    for key, value in override.items():
-        # A workload set or an options table is given whole: it replaces the default.
-        if isinstance(value, Mapping) and isinstance(out.get(key), dict) and key not in _WHOLE_TABLES:
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
-def _check_keys(data: Mapping[str, Any], allowed: Mapping[str, Any], where: str, loc: _Locator) -> None:
-    for key in data:
-        if key not in allowed:
-            accepted = ", ".join(sorted(allowed))
-            raise loc.error(f"{where}.{key}".lstrip("."), f"unknown key {key!r}; accepted keys: {accepted}")
-
-
-def _typed(value: Any, kind: type | tuple[type, ...], dotted: str, loc: _Locator) -> Any:
-    if isinstance(kind, tuple):
-        if not isinstance(value, kind):
-            names = " or ".join(k.__name__ for k in kind)
-            raise loc.error(dotted, f"{value!r} must be of type {names}")
-        return value
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if kind is int and isinstance(value, bool):
-        raise loc.error(dotted, f"{value!r} must be an integer")
-    if not isinstance(value, kind):
-        raise loc.error(dotted, f"{value!r} must be of type {kind.__name__}")
-    return value
-
-
-def _positive(value: int, dotted: str, loc: _Locator) -> int:
-    if value <= 0:
-        raise loc.error(dotted, f"{value!r} must be a positive integer")
-    return value
-
-
-def _local(ref: str, base_dir: Path) -> str:
-    """A model reference that names an existing folder next to the study file becomes
-    absolute; anything else (a Hugging Face id, an absolute path) is kept as written."""
-    path = Path(ref).expanduser()
-    if not path.is_absolute() and (base_dir / path).is_dir():
-        return str((base_dir / path).resolve())
-    return ref
-
-
-def _path(text: str, base_dir: Path) -> Path:
-    path = Path(text).expanduser()
-    return path if path.is_absolute() else base_dir / path
-
-
 def _check_shape(table: Mapping[str, Any], loc: _Locator) -> None:
     """Unknown keys anywhere, before anything is merged."""
-    _check_keys(table, DEFAULTS, "", loc)
+    check_keys(table, DEFAULTS, "", loc)
     for section in ("target", "backend", "run", "gates"):
         if section in table:
             if not isinstance(table[section], Mapping):
                 raise loc.error(section, "must be a table")
-            _check_keys(table[section], DEFAULTS[section], section, loc)
+            check_keys(table[section], DEFAULTS[section], section, loc)
     for group, conf in (table.get("strategies") or {}).items():
         if group not in GROUPS:
             raise loc.error(
@@ -117,7 +67,7 @@ def _check_shape(table: Mapping[str, Any], loc: _Locator) -> None:
                 f"unknown strategy {group!r}; the identities are fixed: {', '.join(GROUPS)} "
                 "(disable one with enabled = false; add others under [specsel.candidates.<name>])",
             )
-        _check_keys(conf, _STRATEGY_KEYS, f"strategies.{group}", loc)
+        check_keys(conf, _STRATEGY_KEYS, f"strategies.{group}", loc)
     for name, conf in (table.get("candidates") or {}).items():
         if not _NAME.fullmatch(name) or name in GROUPS:
             raise loc.error(
@@ -125,16 +75,16 @@ def _check_shape(table: Mapping[str, Any], loc: _Locator) -> None:
             )
         if not isinstance(conf, Mapping):
             raise loc.error(f"candidates.{name}", "must be a table")
-        _check_keys(conf, _STRATEGY_KEYS, f"candidates.{name}", loc)
+        check_keys(conf, _STRATEGY_KEYS, f"candidates.{name}", loc)
 
 
 def _backend(b: Mapping[str, Any], loc: _Locator) -> Backend:
-    util = _typed(b["gpu_memory_utilization"], float, "backend.gpu_memory_utilization", loc)
+    util = typed(b["gpu_memory_utilization"], float, "backend.gpu_memory_utilization", loc)
     if not 0 < util < 1:
         raise loc.error("backend.gpu_memory_utilization", f"{util!r} must lie strictly between 0 and 1")
     if b["dtype"] not in ("auto", "float32", "bfloat16", "float16", "half", "float"):
         raise loc.error("backend.dtype", f"{b['dtype']!r} must be auto, float32, bfloat16 or float16")
-    reserved = _typed(b["cpu_reserved_cores"], int, "backend.cpu_reserved_cores", loc)
+    reserved = typed(b["cpu_reserved_cores"], int, "backend.cpu_reserved_cores", loc)
     if reserved < -1:
         raise loc.error("backend.cpu_reserved_cores", f"{reserved!r} must be >= 0, or -1 for vLLM's choice")
     extra = b["extra_args"]
@@ -142,17 +92,17 @@ def _backend(b: Mapping[str, Any], loc: _Locator) -> Backend:
         raise loc.error("backend.extra_args", f"{extra!r} must be a list of strings (one argv item each)")
 
     def count(key: str) -> int:
-        return _positive(_typed(b[key], int, f"backend.{key}", loc), f"backend.{key}", loc)
+        return positive(typed(b[key], int, f"backend.{key}", loc), f"backend.{key}", loc)
 
     return Backend(
         dtype=b["dtype"],
         max_model_len=count("max_model_len"),
         gpu_memory_utilization=util,
-        enforce_eager=_typed(b["enforce_eager"], bool, "backend.enforce_eager", loc),
+        enforce_eager=typed(b["enforce_eager"], bool, "backend.enforce_eager", loc),
         cpu_kvcache_space_gb=count("cpu_kvcache_space_gb"),
         cpu_reserved_cores=reserved,
-        startup_timeout_s=_typed(b["startup_timeout_s"], float, "backend.startup_timeout_s", loc),
-        request_timeout_s=_typed(b["request_timeout_s"], float, "backend.request_timeout_s", loc),
+        startup_timeout_s=typed(b["startup_timeout_s"], float, "backend.startup_timeout_s", loc),
+        request_timeout_s=typed(b["request_timeout_s"], float, "backend.request_timeout_s", loc),
         extra_args=tuple(extra),
     )
 
@@ -164,7 +114,7 @@ def _workloads(table: Any, base_dir: Path, loc: _Locator) -> dict[str, Path]:
     for name, rel in table.items():
         if not _NAME.fullmatch(name):
             raise loc.error(f"workloads.{name}", f"name {name!r} may only use a-z, 0-9 and '_'")
-        path = Path(_typed(rel, str, f"workloads.{name}", loc))
+        path = Path(typed(rel, str, f"workloads.{name}", loc))
         workloads[name] = path if path.is_absolute() else (base_dir / path)
     return workloads
 
@@ -178,21 +128,21 @@ def _run(r: Mapping[str, Any], loc: _Locator) -> dict[str, Any]:
     ):
         raise loc.error("run.concurrency", f"{conc!r} must be a non-empty list of positive integers")
     for c in conc:
-        _positive(c, "run.concurrency", loc)
+        positive(c, "run.concurrency", loc)
     if len(set(conc)) != len(conc):
         raise loc.error("run.concurrency", f"{conc!r} lists a level twice")
     out: dict[str, Any] = {
-        k: _positive(_typed(r[k], int, f"run.{k}", loc), f"run.{k}", loc)
+        k: positive(typed(r[k], int, f"run.{k}", loc), f"run.{k}", loc)
         for k in ("num_prompts", "repeats", "max_tokens", "num_speculative_tokens")
     }
     out["concurrency"] = tuple(conc)
-    out["warmup"] = _typed(r["warmup"], int, "run.warmup", loc)
+    out["warmup"] = typed(r["warmup"], int, "run.warmup", loc)
     if out["warmup"] < 0:
         raise loc.error("run.warmup", f"{out['warmup']!r} must be >= 0")
-    temperature = out["temperature"] = _typed(r["temperature"], float, "run.temperature", loc)
+    temperature = out["temperature"] = typed(r["temperature"], float, "run.temperature", loc)
     if temperature < 0:
         raise loc.error("run.temperature", f"{temperature!r} must be >= 0")
-    exact = out["require_exact_match_at_t0"] = _typed(
+    exact = out["require_exact_match_at_t0"] = typed(
         r["require_exact_match_at_t0"], bool, "run.require_exact_match_at_t0", loc
     )
     if exact and temperature != 0:
@@ -201,35 +151,35 @@ def _run(r: Mapping[str, Any], loc: _Locator) -> dict[str, Any]:
             f"{temperature!r}: exact-match parity only holds at temperature 0; set temperature = 0.0 "
             "or require_exact_match_at_t0 = false",
         )
-    out["baseline_self_check"] = _typed(r["baseline_self_check"], bool, "run.baseline_self_check", loc)
-    out["baseline_rounds"] = _positive(
-        _typed(r["baseline_rounds"], int, "run.baseline_rounds", loc), "run.baseline_rounds", loc
+    out["baseline_self_check"] = typed(r["baseline_self_check"], bool, "run.baseline_self_check", loc)
+    out["baseline_rounds"] = positive(
+        typed(r["baseline_rounds"], int, "run.baseline_rounds", loc), "run.baseline_rounds", loc
     )
     out["policy"] = _policy(r, loc)
-    out["aa_calibration"] = _typed(r["aa_calibration"], bool, "run.aa_calibration", loc)
-    out["strict_parity"] = _typed(r["strict_parity"], bool, "run.strict_parity", loc)
+    out["aa_calibration"] = typed(r["aa_calibration"], bool, "run.aa_calibration", loc)
+    out["strict_parity"] = typed(r["strict_parity"], bool, "run.strict_parity", loc)
     epsilon = r["parity_epsilon"]
     if epsilon == "auto":
         out["parity_epsilon"] = None
     else:
-        out["parity_epsilon"] = _typed(epsilon, float, "run.parity_epsilon", loc)
+        out["parity_epsilon"] = typed(epsilon, float, "run.parity_epsilon", loc)
         if out["parity_epsilon"] < 0:
             raise loc.error("run.parity_epsilon", f'{epsilon!r} must be >= 0 (nats) or "auto" (by dtype)')
     return out
 
 
 def _policy(r: Mapping[str, Any], loc: _Locator) -> RoundPolicy:
-    low = _positive(_typed(r["rounds"], int, "run.rounds", loc), "run.rounds", loc)
-    high = _positive(_typed(r["max_rounds"], int, "run.max_rounds", loc), "run.max_rounds", loc)
+    low = positive(typed(r["rounds"], int, "run.rounds", loc), "run.rounds", loc)
+    high = positive(typed(r["max_rounds"], int, "run.max_rounds", loc), "run.max_rounds", loc)
     if high < low:
         raise loc.error("run.max_rounds", f"{high!r} must be >= run.rounds ({low!r})")
-    level = _typed(r["confidence"], float, "run.confidence", loc)
+    level = typed(r["confidence"], float, "run.confidence", loc)
     if not 0.5 <= level < 1:
         raise loc.error("run.confidence", f"{level!r} must lie in [0.5, 1), e.g. 0.95")
-    budget = _typed(r["scenario_budget_s"], float, "run.scenario_budget_s", loc)
+    budget = typed(r["scenario_budget_s"], float, "run.scenario_budget_s", loc)
     if budget < 0:
         raise loc.error("run.scenario_budget_s", f"{budget!r} must be >= 0 (0: no budget)")
-    adaptive = _typed(r["adaptive"], bool, "run.adaptive", loc)
+    adaptive = typed(r["adaptive"], bool, "run.adaptive", loc)
     return RoundPolicy(low, high, level, adaptive, budget_s=budget or None)
 
 
@@ -277,7 +227,7 @@ def _candidates(
     key = f"strategies.{group}" if fixed else f"candidates.{group}"
     for name, kind in _STRATEGY_KEYS.items():
         if name in conf:
-            _typed(conf[name], kind, f"{key}.{name}", loc)
+            typed(conf[name], kind, f"{key}.{name}", loc)
     family = _family(key, conf, group if fixed else None, loc)
     listed = isinstance(conf.get("num_speculative_tokens"), list)
     lengths = _proposal_lengths(conf.get("num_speculative_tokens", default_k), key, loc)
@@ -289,11 +239,11 @@ def _candidates(
             enabled=bool(conf.get("enabled", True)),
             family=family,
             method=conf.get("method") or None,
-            asset=_local(conf["asset"], base_dir) if conf.get("asset") else None,
+            asset=local_ref(conf["asset"], base_dir) if conf.get("asset") else None,
             options=dict(conf.get("options") or {}),
             min_backend_version=conf.get("min_backend_version") or None,
             num_speculative_tokens=k,
-            target=_local(conf["target"], base_dir) if conf.get("target") else None,
+            target=local_ref(conf["target"], base_dir) if conf.get("target") else None,
             fixed=fixed,
             k_in_name=listed and len(lengths) > 1,
         )
@@ -302,7 +252,7 @@ def _candidates(
 
 
 def _gates(g: Mapping[str, Any], loc: _Locator) -> Thresholds:
-    gates = Thresholds(**{k: _typed(g[k], float, f"gates.{k}", loc) for k in DEFAULTS["gates"]})
+    gates = Thresholds(**{k: typed(g[k], float, f"gates.{k}", loc) for k in DEFAULTS["gates"]})
     for key in DEFAULTS["gates"]:
         if getattr(gates, key) <= 0:
             raise loc.error(f"gates.{key}", f"{getattr(gates, key)!r} must be > 0")
@@ -325,14 +275,14 @@ def study_from_mapping(
     """
     loc = _Locator(source, text, prefix)
     _check_shape(table, loc)
-    data = _merge(DEFAULTS, table)
-    label = _typed(data["run_label"], str, "run_label", loc)
+    data = merge(DEFAULTS, table)
+    label = typed(data["run_label"], str, "run_label", loc)
     if label and label_problem(label):
         raise loc.error("run_label", str(label_problem(label)))
     t = data["target"]
-    model = _typed(t["model"], str, "target.model", loc).strip()
+    model = typed(t["model"], str, "target.model", loc).strip()
     if "model" in (table.get("target") or {}):
-        model = _local(model, base_dir)
+        model = local_ref(model, base_dir)
     if not model:
         raise loc.error("target.model", "must name a local path or a Hugging Face id")
     if t["source"] not in ("auto", "local", "huggingface"):
@@ -348,7 +298,7 @@ def study_from_mapping(
     # A default the study did not write is found where the package keeps it; results_dir
     # (written, not read) stays under the study's folder.
     reads = {key: base_dir if key in table else PACKAGE_DATA for key in ("workloads", "warmup_workload")}
-    results = _path(_typed(data["results_dir"], str, "results_dir", loc), base_dir)
+    results = relative_path(typed(data["results_dir"], str, "results_dir", loc), base_dir)
     aa = run.pop("aa_calibration")
     study = Study(
         source=source,
@@ -356,12 +306,12 @@ def study_from_mapping(
         results_dir=results,
         target_model=model,
         model_source=t["source"],
-        model_cache=_typed(t["cache"], str, "target.cache", loc),
-        served_name=_typed(t["served_name"], str, "target.served_name", loc) or model,
+        model_cache=typed(t["cache"], str, "target.cache", loc),
+        served_name=typed(t["served_name"], str, "target.served_name", loc) or model,
         backend=_backend(data["backend"], loc),
         workloads=_workloads(data["workloads"], reads["workloads"], loc),
-        warmup_workload=_path(
-            _typed(data["warmup_workload"], str, "warmup_workload", loc), reads["warmup_workload"]
+        warmup_workload=relative_path(
+            typed(data["warmup_workload"], str, "warmup_workload", loc), reads["warmup_workload"]
         ),
         candidates=tuple(candidates),
         gates=_gates(data["gates"], loc),

@@ -1,0 +1,69 @@
+"""Typed reads of the study's values, each failure naming the file, line and key; the merge
+over the defaults; paths relative to the study file."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pytest_specsel.study.locator import Locator as _Locator
+
+__all__ = ["check_keys", "local_ref", "merge", "relative_path", "positive", "typed"]
+
+#: tables a user gives whole; everything else is merged key by key over the defaults
+_WHOLE_TABLES = ("options", "workloads")
+
+
+def merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(dict(base))
+    for key, value in override.items():
+        # A workload set or an options table is given whole: it replaces the default.
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict) and key not in _WHOLE_TABLES:
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def check_keys(data: Mapping[str, Any], allowed: Mapping[str, Any], where: str, loc: _Locator) -> None:
+    for key in data:
+        if key not in allowed:
+            accepted = ", ".join(sorted(allowed))
+            raise loc.error(f"{where}.{key}".lstrip("."), f"unknown key {key!r}; accepted keys: {accepted}")
+
+
+def typed(value: Any, kind: type | tuple[type, ...], dotted: str, loc: _Locator) -> Any:
+    if isinstance(kind, tuple):
+        if not isinstance(value, kind):
+            names = " or ".join(k.__name__ for k in kind)
+            raise loc.error(dotted, f"{value!r} must be of type {names}")
+        return value
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is int and isinstance(value, bool):
+        raise loc.error(dotted, f"{value!r} must be an integer")
+    if not isinstance(value, kind):
+        raise loc.error(dotted, f"{value!r} must be of type {kind.__name__}")
+    return value
+
+
+def positive(value: int, dotted: str, loc: _Locator) -> int:
+    if value <= 0:
+        raise loc.error(dotted, f"{value!r} must be a positive integer")
+    return value
+
+
+def local_ref(ref: str, base_dir: Path) -> str:
+    """A model reference that names an existing folder next to the study file becomes
+    absolute; anything else (a Hugging Face id, an absolute path) is kept as written."""
+    path = Path(ref).expanduser()
+    if not path.is_absolute() and (base_dir / path).is_dir():
+        return str((base_dir / path).resolve())
+    return ref
+
+
+def relative_path(text: str, base_dir: Path) -> Path:
+    path = Path(text).expanduser()
+    return path if path.is_absolute() else base_dir / path
