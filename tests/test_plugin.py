@@ -1,6 +1,7 @@
 """The pytest glue, driven by pytester with the in-memory backend (no server starts)."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -383,12 +384,32 @@ class TestFiles:
                 "*[[]specsel[]] g1_ngram: starting server*",
                 "*[[]specsel[]] g1_ngram: scenario 1 of 1: general-c1 (paired rounds, ABBA, 3+ pairs; warmup 0, 2 prompts x 1)*",
                 "*specsel: speculative-decoding selection*",
-                "case*status*speedup*ttft p95*e2e p95*tok/s*peak MB*accept*mean len*parity*decision",
-                "g0_target_only-general-c1*completed*2/2 self*baseline",
-                "g1_ngram-general-c1*completed*x*2/2*accept",
+                "case*decision*speedup*ttft p95*e2e p95*peak MB*parity",
+                "g0_target_only-general-c1*baseline*2/2 self",
+                "g1_ngram-general-c1*accept*[[]*,*[]]+*2/2",
+                "+ passed, x failed, ? undecided*",
+                "case*status*tok/s*accept*mean len*pairing",
+                "g1_ngram-general-c1*completed*0.60*interleaved",
                 "g2_mtp: asset_missing*",
             ]
         )
+
+    def test_terminal_table_shows_each_gate_with_its_interval_and_state_within_120_columns(self, project):
+        # a slower first token with confidence (failed), a noisy tail (undecided), more throughput
+        p = project(
+            "{'g1_ngram': FakeScript(token_s=0.004, ttft_s=0.09, round_factors=[1.0, 1.3, 0.8, 1.25])}"
+        )
+        result = p.runpytest_subprocess(
+            "--specsel-cpu", "--specsel-label", "tt", "-k", "ngram and general-c1"
+        )
+        lines = result.stdout.str().splitlines()
+        start = next(i for i, line in enumerate(lines) if line.startswith("case") and "decision" in line)
+        table = lines[start : start + 8]
+        row = next(line for line in table if line.startswith("g1_ngram-general-c1"))
+        cells = re.findall(r"\d+\.\d\d [[]\d+\.\d\d,\d+\.\d\d[]][+x?]", row)
+        assert len(cells) == 3, row  # speedup, ttft p95, e2e p95: each with interval and mark
+        assert {c[-1] for c in cells} >= {"x"}, row  # the slower first token failed with confidence
+        assert all(len(line) <= 120 for line in table), table
 
 
 class TestHouse:

@@ -12,6 +12,7 @@ from typing import Protocol
 
 import pytest
 
+from pytest_specsel.core.records import GateState
 from pytest_specsel.core.records import RunStatus
 from pytest_specsel.core.results import ScenarioView
 from pytest_specsel.run.runner import Selection
@@ -41,42 +42,85 @@ def _parity(v: ScenarioView) -> str | None:
     return f"{check.matched}/{check.total}" + ("" if v.parity else " self")
 
 
-def _speedup(v: ScenarioView) -> str | None:
-    """``1.21x [1.12, 1.31]`` with an interval, ``1.21x`` without."""
-    ev = v.evidence
-    if ev is None or ev.throughput_speedup is None:
-        return None
-    interval = ev.throughput_speedup_interval
-    return interval.describe() if interval else f"{ev.throughput_speedup:.2f}x"
-
-
-#: (title, cell, format) per column; a cell of None prints as '-'
-_COLUMNS: tuple[tuple[str, Callable[[ScenarioView], Any], str], ...] = (
-    ("case", lambda v: f"{v.candidate}-{v.scenario}" + (" *" if v.flags else ""), "{}"),
-    ("status", lambda v: v.run_status.value, "{}"),
-    ("speedup", _speedup, "{}"),
-    ("ttft p95", lambda v: v.evidence.ttft_ratio if v.evidence else None, "{:.2f}"),
-    ("e2e p95", lambda v: v.evidence.e2e_p95_ratio if v.evidence else None, "{:.2f}"),
-    ("tok/s", lambda v: v.throughput_tokens_per_s, "{:.1f}"),
-    ("peak MB", lambda v: v.peak_memory_mb, "{:.0f}"),
-    ("accept", lambda v: v.telemetry.acceptance_rate if v.telemetry else None, "{:.2f}"),
-    ("mean len", lambda v: v.telemetry.mean_accepted_length if v.telemetry else None, "{:.2f}"),
-    ("parity", _parity, "{}"),
-    ("decision", lambda v: v.verdict, "{}"),
+#: the mark after a gated figure: its state against the threshold (README "Terminal table")
+MARKS = {GateState.PASSED: "+", GateState.FAILED: "x", GateState.UNDECIDED: "?"}
+LEGEND = (
+    "+ passed, x failed, ? undecided: the interval [low,high] on the passing side, "
+    "on the failing side, across it"
 )
 
 
-def format_rows(views: Sequence[ScenarioView]) -> list[str]:
-    """A fixed-width table, one row per view; missing figures print as '-'."""
-    cells = [[title for title, _, _ in _COLUMNS]]
-    for view in views:
-        row = []
-        for _, cell, fmt in _COLUMNS:
-            value = cell(view)
-            row.append("-" if value is None else fmt.format(value))
-        cells.append(row)
-    widths = [max(len(r[i]) for r in cells) for i in range(len(_COLUMNS))]
+def _gate(v: ScenarioView, name: str) -> str | None:
+    """``1.50 [1.39,1.62]x``: the gate's figure, its interval and its state's mark."""
+    check = next((g for g in v.decision.gates if g.name == name), None) if v.decision else None
+    if check is None:
+        return _ungated(v, name)
+    mark = MARKS[check.state]
+    if name == "peak_memory_mb":
+        return f"{check.value:.0f}{mark}"
+    if check.interval is None:
+        return f"{check.value:.2f}{mark}"
+    i = check.interval
+    return f"{i.estimate:.2f} [{i.low:.2f},{i.high:.2f}]{mark}"
+
+
+def _ungated(v: ScenarioView, name: str) -> str | None:
+    """A figure that no gate judged (a baseline, or incomplete evidence): no mark."""
+    if name == "peak_memory_mb":
+        return None if v.peak_memory_mb is None else f"{v.peak_memory_mb:.0f}"
+    ev = v.evidence
+    value = getattr(ev, name, None) if ev is not None else None
+    interval = getattr(ev, f"{name}_interval", None) if ev is not None else None
+    if interval is not None:
+        return f"{interval.estimate:.2f} [{interval.low:.2f},{interval.high:.2f}]"
+    return None if value is None else f"{value:.2f}"
+
+
+def _case(v: ScenarioView) -> str:
+    return f"{v.candidate}-{v.scenario}" + (" *" if v.flags else "")
+
+
+#: (title, cell) per column; a cell of None prints as '-'
+Column = tuple[str, Callable[[ScenarioView], Any]]
+
+#: the decisions table
+_DECISIONS: tuple[Column, ...] = (
+    ("case", _case),
+    ("decision", lambda v: v.verdict),
+    ("speedup", lambda v: _gate(v, "throughput_speedup")),
+    ("ttft p95", lambda v: _gate(v, "ttft_ratio")),
+    ("e2e p95", lambda v: _gate(v, "e2e_p95_ratio")),
+    ("peak MB", lambda v: _gate(v, "peak_memory_mb")),
+    ("parity", _parity),
+)
+
+
+def _fixed(value: Any, fmt: str) -> str | None:
+    return None if value is None else fmt.format(value)
+
+
+#: the measured figures behind them
+_FIGURES: tuple[Column, ...] = (
+    ("case", _case),
+    ("status", lambda v: v.run_status.value),
+    ("tok/s", lambda v: _fixed(v.throughput_tokens_per_s, "{:.1f}")),
+    ("accept", lambda v: _fixed(v.telemetry.acceptance_rate if v.telemetry else None, "{:.2f}")),
+    ("mean len", lambda v: _fixed(v.telemetry.mean_accepted_length if v.telemetry else None, "{:.2f}")),
+    ("pairing", lambda v: v.evidence.pairing.value if v.evidence and v.evidence.pairing else None),
+)
+
+
+def _table(views: Sequence[ScenarioView], columns: Sequence[Column]) -> list[str]:
+    cells = [[title for title, _ in columns]]
+    cells += [["-" if (c := cell(v)) is None else str(c) for _, cell in columns] for v in views]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+
+
+def format_rows(views: Sequence[ScenarioView]) -> list[str]:
+    """Two fixed-width tables, each within 120 columns for the default names: the decisions
+    (every gated figure with its interval and state) and the measured figures behind them."""
+    return [*_table(views, _DECISIONS), LEGEND, "", *_table(views, _FIGURES)]
 
 
 def write_summary(terminalreporter: Any, specsel: Reported) -> None:
