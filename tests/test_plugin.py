@@ -611,7 +611,7 @@ class TestRounds:
         result = p.runpytest_subprocess(
             "--specsel-cpu", "--specsel-label", "pc", "-k", "ngram and general-c1"
         )
-        result.stdout.fnmatch_lines(["g1_ngram-general-c1 [*] *accept", "*flagged data*"])
+        result.stdout.fnmatch_lines(["g1_ngram-general-c1 [*] *accept*", "*flagged data*"])
         scenario = _handoff(p, "pc")["candidates"]["g1_ngram"]["scenarios"]["general-c1"]
         assert scenario["flags"] == ["prefix_cache_hits"] and scenario["evidence"]["flags"] == [
             "prefix_cache_hits"

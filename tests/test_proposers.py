@@ -100,3 +100,17 @@ def test_a_proposer_is_reused_while_its_recipe_and_target_hold(tmp_path):
         toy_proposers._cached(out, dataclasses.replace(toy_proposers.draft_recipe(), steps=7).key("snap"))
         is None
     )
+
+
+def test_set_up_progress_says_how_far_and_how_long_is_left():
+    from pytest_specsel.embedded.progress import Progress
+
+    lines: list[str] = []
+    now = [0.0]
+    progress = Progress("training", 200, "steps", say=lines.append, clock=lambda: now[0])
+    for _ in range(200):
+        now[0] += 0.5
+        progress.advance()
+    assert len(lines) == 10  # each tenth, the last one the end
+    assert lines[0] == "specsel: training: 20/200 steps, 10 s, about 90 s left"
+    assert lines[-1] == "specsel: training: 200/200 steps, 100 s"

@@ -75,8 +75,8 @@ def run_pairs(
                     tuple(runs[Role.BASELINE]), tuple(runs[Role.CANDIDATE]), tuple(order), interrupt
                 )
         pairs += 1
-        base = [round_figures(r) for r in runs[Role.BASELINE]]
-        cand = [round_figures(r) for r in runs[Role.CANDIDATE]]
+        base = [round_figures(r, policy.latency_requests) for r in runs[Role.BASELINE]]
+        cand = [round_figures(r, policy.latency_requests) for r in runs[Role.CANDIDATE]]
         states = ratio_states(paired_intervals(cand, base, policy.look_level), gates)
         if not policy.more_pairs(pairs, states, clock() - start):
             return PairRun(tuple(runs[Role.BASELINE]), tuple(runs[Role.CANDIDATE]), tuple(order))

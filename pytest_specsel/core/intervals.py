@@ -217,6 +217,9 @@ class RoundPolicy:
     until_all_gates: bool = False
     #: seconds a scenario may take; no pair is started past it (None: no budget)
     budget_s: float | None = None
+    #: which requests a round's latency figures read: "steady" (past its opening burst,
+    #: ``steady.py``) or "all"
+    latency_requests: str = "steady"
 
     @property
     def looks(self) -> int:

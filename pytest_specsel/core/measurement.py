@@ -1,7 +1,6 @@
 """Measurement records: per-request timings, scenario figures, telemetry, memory.
 
-Raw timings come first; every figure is derived from them by a pure function here, so a
-reviewer can recompute a summary from the raw JSON.
+Raw timings come first; every figure derives from them by a pure function: recomputable from the raw JSON.
 """
 
 from __future__ import annotations
@@ -244,8 +243,7 @@ def request_to_json(r: RequestRecord) -> dict[str, Any]:
     return data
 
 
-#: a window whose requests waited longer than this on average in the server's queue is
-#: flagged: the concurrency asked for was not what the server ran
+#: a window whose requests queued longer than this on average: not the concurrency asked for
 QUEUED_AFTER_S = 0.1
 #: the client is called saturated when its event loop was busy this share of the window ...
 CLIENT_BUSY_SHARE = 0.9
@@ -293,13 +291,16 @@ class Round:
     telemetry: SpecTelemetry | None
     memory: MemoryReading | None
     error: str | None = None
-    #: prefix-cache deltas over the window (tokens queried, tokens hit); None when unread
+    #: prefix-cache deltas over the window (tokens queried, hit); None when unread
     prefix_cache_queries: float | None = None
     prefix_cache_hits: float | None = None
     #: mean seconds a request of the window waited in the server's queue (its own histogram)
     queue_wait_s: float | None = None
     #: how busy the client was (None where the client does not measure itself)
     client_load: ClientLoad | None = None
+    #: unmeasured warm-up requests sent just before the window; the closed-loop concurrency
+    warmup_requests: int = 0
+    concurrency: int = 1
 
     @property
     def flags(self) -> tuple[str, ...]:

@@ -36,6 +36,7 @@ from pytest_specsel.core.records import RunSummary
 from pytest_specsel.core.records import Thresholds
 from pytest_specsel.core.records import Verdict
 from pytest_specsel.core.results import ScenarioResult
+from pytest_specsel.core.steady import latency_figures
 
 __all__ = ["pair", "request_parity", "round_figures", "rounds_parity", "run_summary", "self_check"]
 
@@ -120,21 +121,28 @@ def self_check(rounds: Sequence[Round]) -> ParityResult | None:
     return rounds_parity(ok[:1], ok[1:]) if len(ok) >= 2 else None
 
 
-def round_figures(r: Round) -> RoundFigures:
-    f = r.figures
+def round_figures(r: Round, latency: str = "steady") -> RoundFigures:
+    """A round's gate figures: throughput over its window, latency over ``latency`` requests."""
+    f, lat = r.figures, latency_figures(r, latency)
     return RoundFigures(
-        f.throughput_tokens_per_s if f else None, f.ttft_p95_ms if f else None, f.e2e_p95_ms if f else None
+        f.throughput_tokens_per_s if f else None,
+        lat.ttft_p95_ms if lat else None,
+        lat.e2e_p95_ms if lat else None,
     )
 
 
 def _with_intervals(
-    evidence: PairEvidence, baseline: Sequence[Round], candidate: Sequence[Round], level: float
+    evidence: PairEvidence,
+    baseline: Sequence[Round],
+    candidate: Sequence[Round],
+    level: float,
+    latency: str = "steady",
 ) -> PairEvidence:
     """Comparable evidence gets its ratio intervals; the point ratios become their estimates."""
     if evidence.status is not EvidenceStatus.COMPARABLE:
         return evidence
     found = paired_intervals(
-        [round_figures(r) for r in candidate], [round_figures(r) for r in baseline], level
+        [round_figures(r, latency) for r in candidate], [round_figures(r, latency) for r in baseline], level
     )
     if not (found.throughput_speedup and found.ttft_ratio and found.e2e_p95_ratio):
         return evidence  # fewer than two pairs: point ratios of the pooled figures
@@ -161,6 +169,7 @@ def pair(
     ties: TieCheck | None = None,
     strict_parity: bool = False,
     required_telemetry: Sequence[str] = (),
+    latency: str = "steady",
 ) -> ScenarioResult:
     """The candidate's result with parity, intervals, evidence and decision against the
     baseline rounds it was paired with (``baseline.rounds``, pair i beside candidate round i)."""
@@ -179,7 +188,7 @@ def pair(
         base_summary, summary, require_speculative=not calibration, required_telemetry=required_telemetry
     )
     flags = tuple(sorted({f for r in (*base_rounds, *candidate.rounds) for f in r.flags}))
-    evidence = _with_intervals(evidence, base_rounds, candidate.rounds, level)
+    evidence = _with_intervals(evidence, base_rounds, candidate.rounds, level, latency)
     evidence = dataclasses.replace(evidence, pairing=pairing, flags=flags)
     base_check = self_check(base_rounds)
     self_diverges = None

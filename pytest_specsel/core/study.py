@@ -79,6 +79,8 @@ DEFAULTS: dict[str, Any] = {
         "confidence": 0.95,
         "adaptive": True,
         "scenario_budget_s": 0.0,
+        # which requests the latency gates read: "steady" (past each round's opening burst) or "all"
+        "latency_requests": "steady",
         "baseline_rounds": 2,
         # A/A calibration: the baseline against a second target-only server, as a candidate.
         "aa_calibration": False,

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_specsel.embedded import selftext
+from pytest_specsel.embedded.progress import Progress
 from pytest_specsel.embedded.recipe import Recipe
 
 __all__ = ["aux_layers", "recipe", "train"]
@@ -238,6 +239,7 @@ def train(target: Path, text: selftext.SelfText, rec: Recipe, out: Path) -> dict
     )
     gen = torch.Generator().manual_seed(rec.seed)
     start, losses = time.monotonic(), []
+    progress = Progress("training the toy EAGLE-3 head", rec.steps, "steps")
     for _ in range(rec.steps):
         pick = rows[torch.randint(0, len(rows), (rec.batch,), generator=gen)]
         loss, _ = _unrolled_loss(head, feats[pick], text.tokens[pick], text.answer[pick], to_draft)
@@ -246,6 +248,7 @@ def train(target: Path, text: selftext.SelfText, rec: Recipe, out: Path) -> dict
         optim.step()
         sched.step()
         losses.append(loss.item())
+        progress.advance()
     seconds = time.monotonic() - start
     after = measure()
     _save(out, target, config, head, draft_ids, vocab)

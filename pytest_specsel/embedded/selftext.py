@@ -17,6 +17,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from pytest_specsel.embedded.progress import Progress
+
 __all__ = ["TOKENIZER_FILES", "SelfText", "copy_tokenizer", "generate", "training_prompts"]
 
 #: what a proposer folder copies from its target so vLLM and the admission checks can read it
@@ -164,6 +166,7 @@ def generate(
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     rows: list[list[int]] = []
     answers: list[list[bool]] = []
+    progress = Progress("the target answers its training prompts", len(prompts), "prompts", every=1)
     for i in range(0, len(prompts), batch):
         chats = [[{"role": "user", "content": p}] for p in prompts[i : i + batch]]
         texts = [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chats]
@@ -188,6 +191,7 @@ def generate(
                 answer = answer[: answer.index(tok.eos_token_id) + 1]
             rows.append(prompt_ids + answer)
             answers.append([False] * len(prompt_ids) + [True] * len(answer))
+        progress.advance(out.shape[0])
     length = max(len(r) for r in rows)
     tokens = torch.full((len(rows), length), pad, dtype=torch.long)
     answer_mask = torch.zeros((len(rows), length), dtype=torch.bool)

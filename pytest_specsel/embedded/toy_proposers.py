@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_specsel.embedded import selftext
+from pytest_specsel.embedded.progress import Progress
 from pytest_specsel.embedded.recipe import Recipe
 
 __all__ = ["DFLASH_DIR", "DRAFT_DIR", "EAGLE3_DIR", "KINDS", "Recipe", "draft_recipe", "prepare"]
@@ -89,6 +90,9 @@ def train_draft(target: Path, text: selftext.SelfText, recipe: Recipe, out: Path
     optim = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(recipe.seed)
     start, losses = time.monotonic(), []
+    progress = Progress(
+        "training the toy draft model", recipe.steps, "steps", every=max(1, recipe.steps // 10)
+    )
     for _ in range(recipe.steps):
         rows = torch.randint(0, tokens.shape[0], (recipe.batch,), generator=gen)
         ids, mask, att = tokens[rows], answer[rows], real[rows]
@@ -101,6 +105,7 @@ def train_draft(target: Path, text: selftext.SelfText, recipe: Recipe, out: Path
         loss.backward()  # type: ignore[no-untyped-call]
         optim.step()
         losses.append(loss.item())
+        progress.advance()
     seconds = time.monotonic() - start
     after = measure()
     draft.save_pretrained(out, safe_serialization=True)

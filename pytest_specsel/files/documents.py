@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_specsel.core.measurement import Round
 from pytest_specsel.core.records import Reason
 from pytest_specsel.core.records import Verdict
 from pytest_specsel.core.records import to_json
@@ -23,6 +24,7 @@ from pytest_specsel.core.results import Scenario
 from pytest_specsel.core.results import ScenarioResult
 from pytest_specsel.core.results import ScenarioView
 from pytest_specsel.core.results import relative
+from pytest_specsel.core.steady import ramp_in
 from pytest_specsel.core.study import Study
 from pytest_specsel.core.workloads import Workload
 
@@ -41,8 +43,8 @@ __all__ = [
     "run_documents",
 ]
 
-MANIFEST_SCHEMA = "specsel-manifest/v2"
-HANDOFF_SCHEMA = "specsel-handoff/v2"
+MANIFEST_SCHEMA = "specsel-manifest/v3"
+HANDOFF_SCHEMA = "specsel-handoff/v3"
 SUMMARY_SCHEMA = "specsel-group-summary/v2"
 RAW_SCHEMA = "specsel-scenario-raw/v2"
 TWO_TRACK_RULE = (
@@ -92,9 +94,14 @@ def raw_document(
         "arguments": dict(arguments),
         "scenario": view.to_json(),
         "summary": to_json(result.summary),
-        "rounds": [r.to_json() for r in result.rounds],
-        "baseline_rounds": [r.to_json() for r in result.baseline_rounds],
+        "rounds": [_round(r) for r in result.rounds],
+        "baseline_rounds": [_round(r) for r in result.baseline_rounds],
     }
+
+
+def _round(r: Round) -> dict[str, Any]:
+    """A round with its requests; ``ramp_in`` names those that waited on its opening burst."""
+    return {**r.to_json(), "ramp_in": sorted(ramp_in(r.requests, r.concurrency))}
 
 
 def group_document(

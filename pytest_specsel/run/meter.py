@@ -97,6 +97,8 @@ class ScenarioMeter:
         self._workloads, self.warmup, self._plan, self._say = context.workloads, context.warmup, plan, say
         self.timings: dict[str, float] = {}
         self.interrupted = False
+        #: the server whose round ran last (a round on another server warms up first)
+        self._last_server: str | None = None
         #: the scenario result written just before an interrupt was raised again
         self.interrupted_result: ScenarioResult | None = None
 
@@ -110,11 +112,16 @@ class ScenarioMeter:
         )
 
     def _rounds_of(self, name: str, handle: ServerHandle, scenario: Scenario, role: Role) -> RoundRunner:
-        """Runs a server's rounds of a scenario; only its first round warms up."""
+        """Runs a server's rounds of a scenario. A round on a server that sat idle (its
+        first, and every round after another server's: each switch in the ABBA order, and
+        after a sleep) warms it up first with the warm-up workload, unmeasured; a round
+        right after its own server's previous one does not."""
         spec = replay_spec(self.study, self._workloads[scenario.workload], handle, scenario, self.warmup)
 
         def run(index: int) -> tuple[Round, KeyboardInterrupt | None]:
-            this = spec if index == 0 else dataclasses.replace(spec, warmup=0)
+            idle = index == 0 or self._last_server != name
+            self._last_server = name
+            this = spec if idle else dataclasses.replace(spec, warmup=0)
             progress = progress_line(self._say, name, scenario, f"{role.value} round {index + 1}")
             return measure_round(self._bundle, handle, this, role, index, window=True, progress=progress)
 
@@ -221,6 +228,7 @@ class ScenarioMeter:
                 calibration=side.candidate is not None and side.candidate.calibration,
                 strict_parity=s.strict_parity,
                 required_telemetry=side.telemetry,
+                latency=s.policy.latency_requests,
             )
             result = paired()
             if result.parity is not None and not result.parity.quality_ok and servers is not None:

@@ -135,9 +135,10 @@ def measure_round(
     requests: tuple[RequestRecord, ...] = ()
     duration = 0.0
     load = None
+    warmed = 0
     try:
         run = bundle.client.run(spec, ReplayHooks(sink, progress, meter.open if window else None))
-        requests, duration, load = run.requests, run.duration_s, run.client_load
+        requests, duration, load, warmed = run.requests, run.duration_s, run.client_load, run.warmup_requests
     except KeyboardInterrupt as exc:
         interrupt, requests, error = exc, tuple(sink), "interrupted"
     except Exception as exc:
@@ -148,7 +149,20 @@ def measure_round(
         error = f"{len(bad)} of {len(requests)} requests failed; first: {bad[0].error}"
     figures = scenario_figures(requests, duration) if requests and duration else None
     measured = Round(
-        role, index, requests, duration, figures, telemetry, memory, error, queries, hits, queue_wait, load
+        role,
+        index,
+        requests,
+        duration,
+        figures,
+        telemetry,
+        memory,
+        error,
+        queries,
+        hits,
+        queue_wait,
+        load,
+        warmed,
+        spec.concurrency,
     )
     return measured, interrupt
 

@@ -18,6 +18,7 @@ from pytest_specsel.core.families import BASELINE_FAMILY
 from pytest_specsel.core.families import family_contract
 from pytest_specsel.core.intervals import RoundPolicy
 from pytest_specsel.core.records import Thresholds
+from pytest_specsel.core.steady import LATENCY_REQUESTS
 from pytest_specsel.core.study import BASELINE_GROUP
 from pytest_specsel.core.study import DEFAULTS
 from pytest_specsel.core.study import GROUPS
@@ -180,7 +181,10 @@ def _policy(r: Mapping[str, Any], loc: _Locator) -> RoundPolicy:
     if budget < 0:
         raise loc.error("run.scenario_budget_s", f"{budget!r} must be >= 0 (0: no budget)")
     adaptive = typed(r["adaptive"], bool, "run.adaptive", loc)
-    return RoundPolicy(low, high, level, adaptive, budget_s=budget or None)
+    latency = typed(r["latency_requests"], str, "run.latency_requests", loc)
+    if latency not in LATENCY_REQUESTS:
+        raise loc.error("run.latency_requests", f"{latency!r} must be one of {', '.join(LATENCY_REQUESTS)}")
+    return RoundPolicy(low, high, level, adaptive, budget_s=budget or None, latency_requests=latency)
 
 
 def _family(key: str, conf: Mapping[str, Any], fixed_slot: str | None, loc: _Locator) -> str:
