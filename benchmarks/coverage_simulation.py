@@ -3,8 +3,8 @@
     python benchmarks/coverage_simulation.py --studies 1000 --seed 1
 
 Each simulated study measures one candidate scenario against its baseline through the
-shipped ``interleave.run_pairs`` (ABBA round pairs, a look after every pair from
-``min_pairs`` to ``max_pairs``, stopping as soon as the verdict cannot change) with the
+shipped ``interleave.run_pairs`` (ABBA round pairs, a look at ``min_pairs`` and, while the
+verdict is open, a second and last look where the planner aims, up to ``max_pairs``) with the
 shipped :class:`~pytest_specsel.core.intervals.RoundPolicy` defaults and intervals. The noise
 model is meant to be worse than the CPU box:
 
@@ -15,6 +15,10 @@ model is meant to be worse than the CPU box:
 * each request's latency is a fixed per-prompt cost times lognormal noise (sigma 0.25)
   with a 10 % chance of a Pareto (alpha 2) stall, 8 requests a round; a round's p95 is
   taken over its 8 requests as the plugin does;
+* rounds are closed loops at ``--concurrency`` C: the first C requests open at once and all
+  but the first wait for the others' prefill (the opening burst, which the gates leave
+  out as ramp-in, ``core/steady.py``); with ``--idle-wave P`` a round's first wave is
+  1.6-3x slower with probability P (a server that sat idle and was not warmed up);
 * the candidate is the baseline scaled by the true ratios (a scale family), so the true
   p95 ratio is the true scale ratio.
 
@@ -25,8 +29,10 @@ Reported per ratio: how often the final interval covers the truth (the target is
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import random
+import statistics
 import sys
 
 from pytest_specsel.core.interleave import RoundRunner
@@ -34,14 +40,14 @@ from pytest_specsel.core.interleave import ratio_states
 from pytest_specsel.core.interleave import run_pairs
 from pytest_specsel.core.intervals import RoundPolicy
 from pytest_specsel.core.intervals import paired_intervals
+from pytest_specsel.core.measurement import RequestRecord
 from pytest_specsel.core.measurement import Round
-from pytest_specsel.core.measurement import ScenarioFigures
+from pytest_specsel.core.measurement import scenario_figures
 from pytest_specsel.core.pairing import round_figures
 from pytest_specsel.core.records import GateOp
 from pytest_specsel.core.records import GateState
 from pytest_specsel.core.records import Role
 from pytest_specsel.core.records import Thresholds
-from pytest_specsel.core.stats import percentile
 
 GATES = {
     "throughput_speedup": (1.10, GateOp.AT_LEAST),
@@ -58,26 +64,48 @@ CASES = [
 ]
 
 
-def _figures(
-    rng: random.Random, speed: float, prompts: list[float], ratios: tuple[float, float]
-) -> ScenarioFigures:
-    """One round's figures at machine speed ``speed``; latencies scaled by ``ratios``."""
-    noise = 0.06 * rng.gauss(0, 1) / math.sqrt(rng.gammavariate(1.5, 1 / 1.5))  # Student t, 3 df
-    tput = 20.0 * speed * math.exp(noise)
-    e2e = []
-    for cost in prompts:
+@dataclasses.dataclass(frozen=True)
+class Load:
+    concurrency: int = 4
+    #: the chance that a round's first wave comes after an idle server that was not warmed
+    idle_wave: float = 0.0
+
+
+def _requests(
+    rng: random.Random, speed: float, prompts: list[float], ratios: tuple[float, float], load: Load
+) -> list[RequestRecord]:
+    """One closed-loop round's requests; latencies scaled by ``ratios`` (TTFT, E2E)."""
+    c = load.concurrency
+    idle = rng.uniform(1.6, 3.0) if rng.random() < load.idle_wave else 1.0
+    out = []
+    for i, cost in enumerate(prompts):
         stall = 1.0 + rng.paretovariate(2.0) if rng.random() < 0.1 else 1.0
-        e2e.append(cost / speed * math.exp(rng.gauss(0, 0.25)) * stall)
-    ttft = [x * 0.05 * ratios[0] for x in e2e]
-    latency = {
-        "ttft_p95_ms": percentile(ttft, 95),
-        "e2e_p95_ms": percentile([x * ratios[1] for x in e2e], 95),
-    }
-    return ScenarioFigures(len(prompts), 0, 1.0, 0, tput, None, latency, "simulated")
+        e2e = cost / speed * math.exp(rng.gauss(0, 0.25)) * stall * ratios[1]
+        ttft = cost / speed * 0.05 * math.exp(rng.gauss(0, 0.25)) * stall * ratios[0]
+        if i < c:
+            # the opening burst: request i waits for the i prefills before it
+            wait = i * 0.05 * statistics.fmean(prompts) / speed * ratios[0]
+            ttft, e2e = (ttft + wait) * idle, (e2e + wait) * idle
+        start = 0.0 if i < c else i / 10.0
+        out.append(RequestRecord(f"p{i}", 0, "", "", start, ttft, (), e2e, None, None))
+    return out
+
+
+def _round(
+    rng: random.Random, role: Role, index: int, speed: float, prompts: list[float],
+    ratios: tuple[float, float], load: Load,
+) -> Round:  # fmt: skip
+    """One round at machine speed ``speed``: its requests, and its own throughput noise."""
+    noise = 0.06 * rng.gauss(0, 1) / math.sqrt(rng.gammavariate(1.5, 1 / 1.5))  # Student t, 3 df
+    requests = _requests(rng, speed, prompts, ratios, load)
+    figures = dataclasses.replace(
+        scenario_figures(requests, 1.0), throughput_tokens_per_s=20.0 * speed * math.exp(noise)
+    )
+    return Round(role, index, tuple(requests), 1.0, figures, None, None, concurrency=load.concurrency)
 
 
 def study(
-    rng: random.Random, policy: RoundPolicy, truth: tuple[float, float, float]
+    rng: random.Random, policy: RoundPolicy, truth: tuple[float, float, float], load: Load = Load()
 ) -> tuple[dict[str, bool], dict[str, GateState], int]:
     """One simulated candidate scenario through the shipped ``run_pairs`` and intervals."""
     speedup, ttft_ratio, e2e_ratio = truth
@@ -91,8 +119,7 @@ def study(
 
     def arm(role: Role, scale: float, ratios: tuple[float, float]) -> RoundRunner:
         def run(index: int) -> tuple[Round, None]:
-            figures = _figures(rng, speed() * scale, prompts, ratios)
-            return Round(role, index, (), 1.0, figures, None, None), None
+            return _round(rng, role, index, speed() * scale, prompts, ratios, load), None
 
         return run
 
@@ -104,8 +131,8 @@ def study(
         Thresholds(),
     )
     intervals = paired_intervals(
-        [round_figures(r) for r in pairs.candidate],
-        [round_figures(r) for r in pairs.baseline],
+        [round_figures(r, policy.latency_requests) for r in pairs.candidate],
+        [round_figures(r, policy.latency_requests) for r in pairs.baseline],
         policy.look_level,
     )
     states = dict(zip(GATES, ratio_states(intervals, Thresholds()), strict=True))
@@ -123,13 +150,18 @@ def main() -> int:
     parser.add_argument("--max-pairs", type=int, default=RoundPolicy().max_pairs)
     parser.add_argument("--fixed", action="store_true", help="no adaptive stopping: exactly min pairs")
     parser.add_argument("--all-gates", action="store_true", help="stop only when every gate is decided")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--idle-wave", type=float, default=0.0, help="chance of an unwarmed first wave")
+    parser.add_argument("--latency", choices=("steady", "all"), default="steady")
     args = parser.parse_args()
     policy = RoundPolicy(
         min_pairs=args.min_pairs,
         max_pairs=args.max_pairs,
         adaptive=not args.fixed,
         until_all_gates=args.all_gates,
+        latency_requests=args.latency,
     )
+    load = Load(args.concurrency, args.idle_wave)
     rng = random.Random(args.seed)
     cover = dict.fromkeys(GATES, 0)
     decided = dict.fromkeys(GATES, 0)
@@ -138,7 +170,7 @@ def main() -> int:
     by_case: dict[tuple[float, float, float], list[int]] = {c: [0, 0] for c in CASES}
     for i in range(args.studies):
         truth = CASES[i % len(CASES)]
-        covered, states, pairs = study(rng, policy, truth)
+        covered, states, pairs = study(rng, policy, truth, load)
         pairs_used += pairs
         by_case[truth][0] += states["throughput_speedup"] is not GateState.UNDECIDED
         by_case[truth][1] += 1
@@ -149,7 +181,7 @@ def main() -> int:
                 truly = op.holds(dict(zip(GATES, truth, strict=True))[name], threshold)
                 wrong[name] += (states[name] is GateState.PASSED) != truly
     n = args.studies
-    print(f"{n} studies, policy {policy}, mean pairs {pairs_used / n:.2f}")
+    print(f"{n} studies, {load}, policy {policy}, mean pairs {pairs_used / n:.2f}")
     for name in GATES:
         print(
             f"  {name:20s} coverage {cover[name] / n:.3f}  decided {decided[name] / n:.3f}  "

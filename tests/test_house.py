@@ -3,6 +3,7 @@ that ships what it names."""
 
 import ast
 import importlib.util
+import sys
 import tomllib
 from pathlib import Path
 
@@ -51,6 +52,7 @@ def test_every_benchmark_script_imports(script, monkeypatch):
     spec = importlib.util.spec_from_file_location(f"_bench_{script.stem}", script)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
     spec.loader.exec_module(module)
     if '__name__ == "__main__"' in script.read_text():
         assert callable(getattr(module, "main", None)), f"{script.name} runs as a script but has no main()"

@@ -1,5 +1,6 @@
 """Intervals on paired rounds, gates on intervals, the stopping rule (pure, no server)."""
 
+import dataclasses
 import math
 import random
 
@@ -72,33 +73,40 @@ def test_more_pairs_would_decide_an_open_gate_and_a_tie_never():
     assert pairs_to_decide(Interval(1.10, 1.0, 1.2, 0.95, 3, 0.08), 1.10) is None
 
 
-def test_looks_split_the_error_rate():
-    assert adjusted_level(0.95, 4) == pytest.approx(0.9875)
-    policy = RoundPolicy(min_pairs=3, max_pairs=6)
-    assert policy.looks == 4 and policy.look_level == pytest.approx(0.9875)
+def test_two_looks_at_most_split_the_error_rate():
+    assert adjusted_level(0.95, 2) == pytest.approx(0.975)
+    policy = RoundPolicy(min_pairs=3, max_pairs=10)
+    assert policy.looks == 2 and policy.look_level == pytest.approx(0.975)
     assert RoundPolicy(adaptive=False).look_level == pytest.approx(0.95)
+    assert RoundPolicy(min_pairs=3, max_pairs=3).looks == 1
 
 
-class TestStopping:
-    policy = RoundPolicy(min_pairs=3, max_pairs=6)
+class TestPlanner:
+    """After the first look: the most pairs that decide an undecided gate and still fit
+    max_pairs and the time budget; none when nothing fits (stop at once)."""
 
-    def test_min_pairs_come_first(self):
-        assert self.policy.more_pairs(2, [GateState.FAILED], 0.0)
+    policy = RoundPolicy(min_pairs=3, max_pairs=10)
+    open_states = [GateState.PASSED, GateState.UNDECIDED, GateState.UNDECIDED]
 
-    def test_a_failed_gate_decides_the_verdict(self):
-        assert not self.policy.more_pairs(3, [GateState.FAILED, GateState.UNDECIDED], 0.0)
-        assert RoundPolicy(until_all_gates=True).more_pairs(3, [GateState.FAILED, GateState.UNDECIDED], 0.0)
+    def test_aims_at_the_most_pairs_that_decide_a_gate_within_max_pairs(self):
+        assert self.policy.next_target(3, [5, 8], self.open_states, 30.0) == 8
+        assert self.policy.next_target(3, [5, 232], self.open_states, 30.0) == 5
+        assert self.policy.next_target(3, [232, None], self.open_states, 30.0) == 3
 
-    def test_open_gates_add_pairs_up_to_the_most_and_the_budget(self):
-        open_states = [GateState.PASSED, GateState.UNDECIDED]
-        assert self.policy.more_pairs(5, open_states, 0.0)
-        assert not self.policy.more_pairs(6, open_states, 0.0)
-        budget = RoundPolicy(min_pairs=3, max_pairs=6, budget_s=100.0)
-        assert budget.more_pairs(3, open_states, 60.0)  # 60 s + 20 s for the next pair
-        assert not budget.more_pairs(3, open_states, 80.0)  # the next pair would end past 100 s
+    def test_the_time_budget_drives_it(self):
+        budget = dataclasses.replace(self.policy, budget_s=100.0)
+        # 3 pairs took 30 s: 10 s a pair; 8 pairs would end at 80 s, 10 at 100 s, 11 past it
+        assert budget.next_target(3, [8], self.open_states, 30.0) == 8
+        assert budget.next_target(3, [10], self.open_states, 30.0) == 10
+        assert budget.next_target(3, [7], self.open_states, 90.0) == 3
 
-    def test_every_gate_passed_stops(self):
-        assert not self.policy.more_pairs(3, [GateState.PASSED] * 3, 0.0)
+    def test_a_settled_verdict_or_a_fixed_policy_stops(self):
+        assert self.policy.next_target(3, [5], [GateState.FAILED, GateState.UNDECIDED], 1.0) == 3
+        assert self.policy.next_target(3, [], [GateState.PASSED] * 3, 1.0) == 3
+        fixed = dataclasses.replace(self.policy, adaptive=False)
+        assert fixed.next_target(3, [5], self.open_states, 1.0) == 3
+        all_gates = dataclasses.replace(self.policy, until_all_gates=True)
+        assert all_gates.next_target(3, [5], [GateState.FAILED, GateState.UNDECIDED], 1.0) == 5
 
 
 def test_paired_intervals_cover_the_truth_in_a_small_simulation():
@@ -145,16 +153,42 @@ class TestRunPairs:
         )
         assert "".join(order) == "bccbbc" and len(run.candidate) == 3
 
-    def test_an_open_verdict_adds_pairs_up_to_the_most(self):
+    def test_an_open_verdict_measures_the_planned_pairs_then_looks_once_more(self):
+        from pytest_specsel.core.interleave import run_pairs
+        from pytest_specsel.core.interleave import undecided_needs
+        from pytest_specsel.core.intervals import paired_intervals
+        from pytest_specsel.core.pairing import round_figures
+        from pytest_specsel.core.records import Role
+        from pytest_specsel.core.records import Thresholds
+
+        # a speedup near 1.2 with +-5 % noise: undecided at 3 pairs, decided within 10
+        base, cand = [20.0, 21.0, 19.0, 20.5], [24.5, 23.5, 24.0, 22.5]
+        first = paired_intervals(
+            [round_figures(r) for r in (_arm(Role.CANDIDATE, cand, [])(i)[0] for i in range(3))],
+            [round_figures(r) for r in (_arm(Role.BASELINE, base, [])(i)[0] for i in range(3))],
+            0.975,
+        )
+        planned = max(n for n in undecided_needs(first, Thresholds()) if n is not None and n <= 10)
+        assert 3 < planned <= 10
+        order = []
+        run = run_pairs(
+            _arm(Role.BASELINE, base, order),
+            _arm(Role.CANDIDATE, cand, order),
+            RoundPolicy(min_pairs=3, max_pairs=10),
+            Thresholds(),
+        )
+        assert len(run.candidate) == len(run.baseline) == planned
+        assert "".join(order).startswith("bccbbccb")
+
+    def test_when_no_gate_can_be_decided_within_the_most_pairs_it_stops_at_the_first_look(self):
         from pytest_specsel.core.interleave import run_pairs
         from pytest_specsel.core.records import Role
         from pytest_specsel.core.records import Thresholds
 
-        order = []
         run = run_pairs(
-            _arm(Role.BASELINE, [20.0, 24.0, 17.0, 22.0], order),
-            _arm(Role.CANDIDATE, [24.0, 22.0, 23.0, 21.0], order),
-            RoundPolicy(min_pairs=3, max_pairs=5),
+            _arm(Role.BASELINE, [20.0, 21.0, 19.0, 20.5], []),
+            _arm(Role.CANDIDATE, [24.5, 23.5, 24.0, 22.5], []),
+            RoundPolicy(min_pairs=3, max_pairs=4),
             Thresholds(),
         )
-        assert len(run.candidate) == len(run.baseline) == 5 and "".join(order) == "bccbbccbbc"
+        assert len(run.candidate) == 3

@@ -1,5 +1,5 @@
-"""The paired rounds of one candidate scenario: ABBA order, a look after every pair from
-the policy's minimum on, and the stopping rule.
+"""The paired rounds of one candidate scenario: ABBA order, at most two looks (after the
+policy's minimum, and once more where the planner aims), and the stopping rule.
 
 Rounds are run through two callables (one per arm), so the order and the stopping rule
 are tested without servers and the runner supplies the real rounds. A round that fails or
@@ -15,15 +15,15 @@ from collections.abc import Callable
 from pytest_specsel.core.intervals import PairedIntervals
 from pytest_specsel.core.intervals import RoundPolicy
 from pytest_specsel.core.intervals import gate_state
-from pytest_specsel.core.intervals import paired_intervals
+from pytest_specsel.core.intervals import pairs_to_decide
 from pytest_specsel.core.measurement import Round
-from pytest_specsel.core.pairing import round_figures
 from pytest_specsel.core.records import GateOp
 from pytest_specsel.core.records import GateState
 from pytest_specsel.core.records import Role
 from pytest_specsel.core.records import Thresholds
+from pytest_specsel.core.tails import gate_intervals
 
-__all__ = ["PairRun", "RoundRunner", "ratio_states", "run_pairs"]
+__all__ = ["PairRun", "RoundRunner", "ratio_states", "run_pairs", "undecided_needs"]
 
 #: runs one round of one arm: (index within the arm) -> (round, interrupt to re-raise)
 RoundRunner = Callable[[int], tuple[Round, KeyboardInterrupt | None]]
@@ -48,6 +48,21 @@ def ratio_states(intervals: PairedIntervals, gates: Thresholds) -> list[GateStat
     return [gate_state(i, t, op) if i is not None else GateState.UNDECIDED for i, t, op in rows]
 
 
+def undecided_needs(intervals: PairedIntervals, gates: Thresholds) -> list[int | None]:
+    """Per undecided ratio gate: about how many pairs in all would decide it."""
+    rows = (
+        (intervals.throughput_speedup, gates.min_throughput_speedup),
+        (intervals.ttft_ratio, gates.max_ttft_regression_ratio),
+        (intervals.e2e_p95_ratio, gates.max_e2e_p95_regression_ratio),
+    )
+    states = ratio_states(intervals, gates)
+    return [
+        pairs_to_decide(i, limit)
+        for (i, limit), state in zip(rows, states, strict=True)
+        if i is not None and state is GateState.UNDECIDED
+    ]
+
+
 def run_pairs(
     baseline: RoundRunner,
     candidate: RoundRunner,
@@ -55,7 +70,8 @@ def run_pairs(
     gates: Thresholds,
     clock: Callable[[], float] = time.monotonic,
 ) -> PairRun:
-    """Measure round pairs in ABBA order (B C, C B, B C, ...) until the policy stops.
+    """Measure round pairs in ABBA order (B C, C B, B C, ...): ``min_pairs``, a look, and
+    when the verdict is still open, up to the planner's target and a second, last look.
 
     :return: both arms' rounds in pair order, and an interrupt if one came.
     """
@@ -63,7 +79,7 @@ def run_pairs(
     arms = {Role.BASELINE: baseline, Role.CANDIDATE: candidate}
     order: list[Role] = []
     start = clock()
-    pairs = 0
+    pairs, target, looked = 0, policy.min_pairs, 0
     while True:
         sequence = (Role.BASELINE, Role.CANDIDATE) if pairs % 2 == 0 else (Role.CANDIDATE, Role.BASELINE)
         for role in sequence:
@@ -75,8 +91,15 @@ def run_pairs(
                     tuple(runs[Role.BASELINE]), tuple(runs[Role.CANDIDATE]), tuple(order), interrupt
                 )
         pairs += 1
-        base = [round_figures(r, policy.latency_requests) for r in runs[Role.BASELINE]]
-        cand = [round_figures(r, policy.latency_requests) for r in runs[Role.CANDIDATE]]
-        states = ratio_states(paired_intervals(cand, base, policy.look_level), gates)
-        if not policy.more_pairs(pairs, states, clock() - start):
+        if pairs < target:
+            continue
+        looked += 1
+        if looked >= policy.looks:
+            return PairRun(tuple(runs[Role.BASELINE]), tuple(runs[Role.CANDIDATE]), tuple(order))
+        intervals = gate_intervals(
+            runs[Role.CANDIDATE], runs[Role.BASELINE], policy.look_level, policy.latency_requests
+        )
+        states = ratio_states(intervals, gates)
+        target = policy.next_target(pairs, undecided_needs(intervals, gates), states, clock() - start)
+        if target <= pairs:
             return PairRun(tuple(runs[Role.BASELINE]), tuple(runs[Role.CANDIDATE]), tuple(order))

@@ -117,7 +117,7 @@ def adjusted_level(level: float, looks: int) -> float:
 
 
 def paired_log_ratio_interval(
-    candidate: Sequence[float], baseline: Sequence[float], level: float
+    candidate: Sequence[float | None], baseline: Sequence[float | None], level: float
 ) -> Interval | None:
     """The geometric-mean ratio candidate/baseline over round pairs, with a t-interval.
 
@@ -223,11 +223,13 @@ class RoundPolicy:
 
     @property
     def looks(self) -> int:
-        return self.max_pairs - self.min_pairs + 1 if self.adaptive else 1
+        """Adaptive: two looks, at ``min_pairs`` and once more where the planner aims
+        (:meth:`next_target`); else one. Two looks at most keep the error split small."""
+        return 2 if self.adaptive and self.max_pairs > self.min_pairs else 1
 
     @property
     def look_level(self) -> float:
-        """The level every look's interval is computed at."""
+        """The level every look's interval is computed at (Bonferroni over the looks)."""
         return adjusted_level(self.level, self.looks)
 
     def is_open(self, states: Sequence[GateState]) -> bool:
@@ -236,12 +238,25 @@ class RoundPolicy:
             return any(s is GateState.UNDECIDED for s in states)
         return not (any(s is GateState.FAILED for s in states) or all(s is GateState.PASSED for s in states))
 
-    def more_pairs(self, pairs: int, states: Sequence[GateState], elapsed_s: float) -> bool:
-        """Whether to measure another pair after ``pairs`` pairs whose gates are ``states``."""
-        if pairs < self.min_pairs:
-            return True
-        if not self.adaptive or not self.is_open(states) or pairs >= self.max_pairs:
-            return False
-        if self.budget_s is not None and pairs and elapsed_s + elapsed_s / pairs > self.budget_s:
-            return False
-        return True
+    def next_target(
+        self, pairs: int, needed: Sequence[int | None], states: Sequence[GateState], elapsed_s: float
+    ) -> int:
+        """After the first look at ``pairs`` pairs: how many pairs in all to measure before
+        the second (last) look; ``pairs`` to stop now.
+
+        :param needed: per undecided gate, about how many pairs in all would decide it
+            (:func:`pairs_to_decide`; None: its estimate sits on the threshold).
+        The target is the most pairs that decide some undecided gate and still fit both
+        ``max_pairs`` and the time left in ``budget_s`` at the pace measured so far.
+        """
+        if not self.adaptive or not self.is_open(states) or pairs < self.min_pairs:
+            return pairs
+        pace = elapsed_s / pairs if pairs else 0.0
+        fits = [
+            n
+            for n in needed
+            if n is not None
+            and pairs < n <= self.max_pairs
+            and (self.budget_s is None or elapsed_s + pace * (n - pairs) <= self.budget_s)
+        ]
+        return max(fits, default=pairs)

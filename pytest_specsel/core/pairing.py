@@ -14,8 +14,6 @@ from collections.abc import Sequence
 
 from pytest_specsel.core.decision import decide
 from pytest_specsel.core.evidence import build_pair_evidence
-from pytest_specsel.core.intervals import RoundFigures
-from pytest_specsel.core.intervals import paired_intervals
 from pytest_specsel.core.measurement import RequestRecord
 from pytest_specsel.core.measurement import Round
 from pytest_specsel.core.measurement import SpecTelemetry
@@ -36,7 +34,8 @@ from pytest_specsel.core.records import RunSummary
 from pytest_specsel.core.records import Thresholds
 from pytest_specsel.core.records import Verdict
 from pytest_specsel.core.results import ScenarioResult
-from pytest_specsel.core.steady import latency_figures
+from pytest_specsel.core.tails import gate_intervals
+from pytest_specsel.core.tails import round_figures
 
 __all__ = ["pair", "request_parity", "round_figures", "rounds_parity", "run_summary", "self_check"]
 
@@ -121,16 +120,6 @@ def self_check(rounds: Sequence[Round]) -> ParityResult | None:
     return rounds_parity(ok[:1], ok[1:]) if len(ok) >= 2 else None
 
 
-def round_figures(r: Round, latency: str = "steady") -> RoundFigures:
-    """A round's gate figures: throughput over its window, latency over ``latency`` requests."""
-    f, lat = r.figures, latency_figures(r, latency)
-    return RoundFigures(
-        f.throughput_tokens_per_s if f else None,
-        lat.ttft_p95_ms if lat else None,
-        lat.e2e_p95_ms if lat else None,
-    )
-
-
 def _with_intervals(
     evidence: PairEvidence,
     baseline: Sequence[Round],
@@ -141,9 +130,7 @@ def _with_intervals(
     """Comparable evidence gets its ratio intervals; the point ratios become their estimates."""
     if evidence.status is not EvidenceStatus.COMPARABLE:
         return evidence
-    found = paired_intervals(
-        [round_figures(r, latency) for r in candidate], [round_figures(r, latency) for r in baseline], level
-    )
+    found = gate_intervals(candidate, baseline, level, latency)
     if not (found.throughput_speedup and found.ttft_ratio and found.e2e_p95_ratio):
         return evidence  # fewer than two pairs: point ratios of the pooled figures
     return dataclasses.replace(
@@ -194,7 +181,7 @@ def pair(
     self_diverges = None
     if parity is not None and parity.first_divergence and base_check is not None:
         self_diverges = parity.first_divergence.request_id in base_check.differing_request_ids
-    decision = decide(evidence, gates)
+    decision = _with_seconds(decide(evidence, gates), base_rounds, candidate.rounds)
     if calibration and decision.verdict is Verdict.ACCEPT:
         # An A/A run measures the method, not a mechanism: it is never adopted.
         decision = Decision(Verdict.TUNE, "calibration_never_accepted", decision.gates)
@@ -209,4 +196,21 @@ def pair(
         baseline_self_diverges=self_diverges,
         baseline_rounds=tuple(base_rounds),
         noise_floor=noise_floor(base_rounds),
+    )
+
+
+def _with_seconds(decision: Decision, baseline: Sequence[Round], candidate: Sequence[Round]) -> Decision:
+    """Each undecided gate's extra pairs in seconds, at the pace of the pairs measured."""
+    pairs = min(len(baseline), len(candidate))
+    if not pairs or not any(g.pairs_needed for g in decision.gates):
+        return decision
+    pace = sum(b.duration_s + c.duration_s for b, c in zip(baseline, candidate, strict=False)) / pairs
+    return dataclasses.replace(
+        decision,
+        gates=tuple(
+            dataclasses.replace(g, seconds_needed=round(pace * max(0, g.pairs_needed - pairs), 1))
+            if g.pairs_needed
+            else g
+            for g in decision.gates
+        ),
     )

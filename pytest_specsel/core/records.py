@@ -1,9 +1,6 @@
-"""Frozen records and string enums shared by the decision core.
-
-Every state that crosses a module boundary is a ``StrEnum`` whose value is the JSON
-string of the contract. Every record is a frozen, slotted dataclass with read-only
-field types; ``None`` always means "not measured" and is never replaced by ``0``.
-"""
+"""Frozen records and string enums shared by the decision core: every state that crosses a module
+is a ``StrEnum`` with the contract's JSON value, every record a frozen, slotted dataclass with
+read-only field types; ``None`` always means "not measured", never ``0``."""
 
 from __future__ import annotations
 
@@ -115,8 +112,7 @@ class GateState(enum.StrEnum):
 
 
 class Device(enum.StrEnum):
-    CPU = "cpu"
-    CUDA = "cuda"
+    CPU, CUDA = "cpu", "cuda"
 
 
 class TelemetrySource(enum.StrEnum):
@@ -311,6 +307,8 @@ class Interval:
     #: standard deviation of the per-pair log ratios (the noise the interval reflects)
     log_sd: float
     method: str = "t_interval_on_paired_log_ratios"
+    #: the requests behind it, both sides (None: not counted)
+    requests: int | None = None
 
     def contains(self, value: float) -> bool:
         return self.low <= value <= self.high
@@ -363,8 +361,10 @@ class GateCheck:
     passed: bool
     state: GateState = GateState.UNDECIDED
     interval: Interval | None = None
-    #: about how many round pairs in all would decide an undecided gate (None: unknown)
+    #: about how many round pairs in all would decide an undecided gate (None: unknown), and
+    #: about how many seconds of measuring the pairs beyond those measured would take
     pairs_needed: int | None = None
+    seconds_needed: float | None = None
 
     def describe(self) -> str:
         figure = self.interval.describe() if self.interval else f"{self.value:.3f}"
@@ -374,8 +374,9 @@ class GateCheck:
         text += f": {self.state.value}"
         if self.state is GateState.UNDECIDED:
             text += f" at {self.interval.pairs} pairs"
+            more = f", about {self.seconds_needed:.0f} s more" if self.seconds_needed is not None else ""
             text += (
-                f", about {self.pairs_needed} pairs would decide it"
+                f", about {self.pairs_needed} pairs would decide it{more}"
                 if self.pairs_needed
                 else ", the estimate sits on the threshold"
             )

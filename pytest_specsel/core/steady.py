@@ -42,6 +42,6 @@ def steady_requests(r: Round) -> list[RequestRecord]:
 def latency_figures(r: Round, which: str = "steady") -> ScenarioFigures | None:
     """The figures a round's latency gates read: over its steady-state requests (the
     throughput is the whole window's either way), or over all with ``which="all"``."""
-    if which == "all" or r.figures is None:
+    if which == "all" or r.figures is None or not r.requests:
         return r.figures
     return scenario_figures(steady_requests(r), r.duration_s)
