@@ -81,8 +81,11 @@ max_rounds = 2
             "*g0_target_only: server ready in*",
             "*g1_ngram: server ready in*",
             "*specsel: speculative-decoding selection*",
-            "g0_target_only-repetition-c1*completed*4/4 self*baseline",
-            "g1_ngram-repetition-c1*completed*",
+            "g0_target_only-repetition-c1*baseline*4/4 self",
+            "g1_ngram-repetition-c1*[[]*,*[]][+x?]*[[]*,*[]][+x?]*[[]*,*[]][+x?]*",
+            "+ passed, x failed, ? undecided*",
+            "g0_target_only-repetition-c1*completed*",
+            "g1_ngram-repetition-c1*completed*interleaved",
             "g2_mtp: asset_missing: required_model_asset_unavailable*model_type 'llama' has none of*",
             "g5_dspark: unsupported: backend_method_unavailable*V1 does not support dspark*",
         ]
