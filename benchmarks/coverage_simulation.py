@@ -39,15 +39,14 @@ from pytest_specsel.core.interleave import RoundRunner
 from pytest_specsel.core.interleave import ratio_states
 from pytest_specsel.core.interleave import run_pairs
 from pytest_specsel.core.intervals import RoundPolicy
-from pytest_specsel.core.intervals import paired_intervals
 from pytest_specsel.core.measurement import RequestRecord
 from pytest_specsel.core.measurement import Round
 from pytest_specsel.core.measurement import scenario_figures
-from pytest_specsel.core.pairing import round_figures
 from pytest_specsel.core.records import GateOp
 from pytest_specsel.core.records import GateState
 from pytest_specsel.core.records import Role
 from pytest_specsel.core.records import Thresholds
+from pytest_specsel.core.tails import gate_intervals
 
 GATES = {
     "throughput_speedup": (1.10, GateOp.AT_LEAST),
@@ -130,11 +129,8 @@ def study(
         policy,
         Thresholds(),
     )
-    intervals = paired_intervals(
-        [round_figures(r, policy.latency_requests) for r in pairs.candidate],
-        [round_figures(r, policy.latency_requests) for r in pairs.baseline],
-        policy.look_level,
-    )
+    # the intervals the decision reads (pairing.pair does the same for interleaved rounds)
+    intervals = gate_intervals(pairs.candidate, pairs.baseline, policy.look_level, policy.latency_requests)
     states = dict(zip(GATES, ratio_states(intervals, Thresholds()), strict=True))
     truths = {"throughput_speedup": speedup, "ttft_ratio": ttft_ratio, "e2e_p95_ratio": e2e_ratio}
     found = {n: getattr(intervals, n) for n in GATES}

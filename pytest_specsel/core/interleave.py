@@ -19,6 +19,7 @@ from pytest_specsel.core.intervals import pairs_to_decide
 from pytest_specsel.core.measurement import Round
 from pytest_specsel.core.records import GateOp
 from pytest_specsel.core.records import GateState
+from pytest_specsel.core.records import Interval
 from pytest_specsel.core.records import Role
 from pytest_specsel.core.records import Thresholds
 from pytest_specsel.core.tails import gate_intervals
@@ -38,28 +39,28 @@ class PairRun:
     interrupt: KeyboardInterrupt | None = None
 
 
-def ratio_states(intervals: PairedIntervals, gates: Thresholds) -> list[GateState]:
-    """The states of the three ratio gates (undecided while an interval is missing)."""
-    rows = (
+def _rows(intervals: PairedIntervals, gates: Thresholds) -> tuple[tuple[Interval | None, float, GateOp], ...]:
+    """The three ratio gates: (interval, threshold, how it is held)."""
+    return (
         (intervals.throughput_speedup, gates.min_throughput_speedup, GateOp.AT_LEAST),
         (intervals.ttft_ratio, gates.max_ttft_regression_ratio, GateOp.AT_MOST),
         (intervals.e2e_p95_ratio, gates.max_e2e_p95_regression_ratio, GateOp.AT_MOST),
     )
-    return [gate_state(i, t, op) if i is not None else GateState.UNDECIDED for i, t, op in rows]
+
+
+def ratio_states(intervals: PairedIntervals, gates: Thresholds) -> list[GateState]:
+    """The states of the three ratio gates (undecided while an interval is missing)."""
+    return [
+        gate_state(i, t, op) if i is not None else GateState.UNDECIDED for i, t, op in _rows(intervals, gates)
+    ]
 
 
 def undecided_needs(intervals: PairedIntervals, gates: Thresholds) -> list[int | None]:
     """Per undecided ratio gate: about how many pairs in all would decide it."""
-    rows = (
-        (intervals.throughput_speedup, gates.min_throughput_speedup),
-        (intervals.ttft_ratio, gates.max_ttft_regression_ratio),
-        (intervals.e2e_p95_ratio, gates.max_e2e_p95_regression_ratio),
-    )
-    states = ratio_states(intervals, gates)
     return [
         pairs_to_decide(i, limit)
-        for (i, limit), state in zip(rows, states, strict=True)
-        if i is not None and state is GateState.UNDECIDED
+        for i, limit, op in _rows(intervals, gates)
+        if i is not None and gate_state(i, limit, op) is GateState.UNDECIDED
     ]
 
 

@@ -1,8 +1,8 @@
 """Confidence intervals for paired, interleaved rounds: the statistics of a decision.
 
 A **round pair** is one baseline round and one candidate round measured next to each
-other in time (ABBA order: B C C B B C C B ...). Every ratio gate (throughput speedup,
-TTFT p95 ratio, E2E p95 ratio) is estimated the same way:
+other in time (ABBA order: B C C B B C C B ...). The throughput speedup (and, where a side
+has too few requests to pool, a tail ratio; ``tails.py`` decides) is estimated per pair:
 
 * per pair i, the ratio r_i = candidate_i / baseline_i of that round's figure;
 * the estimate is the geometric mean exp(mean(log r_i));
@@ -15,14 +15,13 @@ one round, which share the server's state and batch, as independent. The t-inter
 paired log ratios accounts for small n exactly when the log ratios are normal and stays
 close to nominal for moderately skewed or heavy-tailed ones; pairing adjacent rounds makes
 slow drift cancel within a pair, and ABBA order makes linear drift cancel across pairs.
-Tail ratios use each round's own p95 (a ratio of p95s of two rounds of the same prompts),
-so the interval speaks of whole rounds, never of single requests.
 
-Stopping when decided: looking at the intervals after every added pair and stopping when
-they clear a threshold inflates false decisions. :func:`adjusted_level` splits the error
-rate over the looks the study allows (a Bonferroni split), so the chance that any interval
-along the way misses the truth stays below 1 - level. ``benchmarks/coverage_simulation.py``
-shows the coverage under drift and heavy tails with the shipped defaults.
+Stopping when decided: looking at the intervals repeatedly and stopping when they clear a
+threshold inflates false decisions. The policy looks at most twice (:attr:`RoundPolicy.looks`:
+after ``min_pairs``, and once more where :meth:`RoundPolicy.next_target` aims) and
+:func:`adjusted_level` splits the error rate over the looks (Bonferroni), so the chance that
+either look's interval misses the truth stays below 1 - level, wherever the second look was
+placed. ``benchmarks/coverage_simulation.py`` shows the coverage with the shipped defaults.
 
 Stdlib only: the t quantile is computed here from the regularized incomplete beta
 function (continued fraction, as in Numerical Recipes), checked in the tests against
@@ -206,7 +205,7 @@ class RoundPolicy:
 
     #: pairs measured before the first look
     min_pairs: int = 3
-    #: pairs at most; with adaptive stopping, looks happen at min_pairs .. max_pairs
+    #: pairs at most; with adaptive stopping the second look comes at most here
     max_pairs: int = 6
     #: the confidence level of the decision as a whole
     level: float = 0.95

@@ -138,13 +138,13 @@ def gate_intervals(
     """Every ratio gate's interval from rounds in pair order (candidate_i beside baseline_i)."""
     n = min(len(candidate), len(baseline))
     cand, base = candidate[:n], baseline[:n]
-    throughput = paired_log_ratio_interval(
-        [round_figures(r).throughput_tokens_per_s for r in cand],
-        [round_figures(r).throughput_tokens_per_s for r in base],
-        level,
-    )
     if not any(r.requests for r in (*cand, *base)):  # figures without their requests
         return paired_intervals([round_figures(r) for r in cand], [round_figures(r) for r in base], level)
+    throughput = paired_log_ratio_interval(
+        [r.figures.throughput_tokens_per_s if r.figures else None for r in cand],
+        [r.figures.throughput_tokens_per_s if r.figures else None for r in base],
+        level,
+    )
     requests = sum(len(r.requests) for r in (*cand, *base))
     return PairedIntervals(
         dataclasses.replace(throughput, requests=requests) if throughput else None,

@@ -94,6 +94,8 @@ class CandidateResult:
     placement: str
     #: the launch failure (or why it was not launched); None when it ran
     failure: str | None
+    #: its own server failed to start (else ``failure`` says why it was not launched)
+    launch_failed: bool
     launch_s: float | None
     log_path: Path | None
     scenarios: Mapping[str, ScenarioResult]
@@ -126,6 +128,7 @@ class CandidateRun:
         self._scenarios: dict[str, ScenarioResult] = {}
         self._baselines: dict[str, ScenarioResult] = {}
         self._failure: str | None = None
+        self._launch_failed = False
         self._launch: dict[str, tuple[float, Path]] = {}
         self._baseline_failure: str | None = None
 
@@ -181,7 +184,7 @@ class CandidateRun:
         try:
             self._start(self.name, self.work.target_path, self.work.speculative)
         except LaunchError as exc:
-            self._failure = str(exc)
+            self._failure, self._launch_failed = str(exc), True
             raise
 
     def _unavailable(self) -> None:
@@ -289,6 +292,7 @@ class CandidateRun:
             name=self.name,
             placement=self.work.placement,
             failure=self._failure,
+            launch_failed=self._launch_failed,
             launch_s=own[0] if own else None,
             log_path=own[1] if own else None,
             scenarios=dict(self._scenarios),

@@ -190,9 +190,9 @@ class Selection:
         if result.launch_s is not None:
             state.launch_s, state.log_path = result.launch_s, result.log_path
         if result.failure is not None:
-            launched = result.failure.startswith("not launched")
-            state.run_status = state.run_status if launched else RunStatus.FAILED
             state.failure = result.failure
+        if result.launch_failed:
+            state.run_status = RunStatus.FAILED
         self._interrupted = self._interrupted or result.interrupted
         self._timings.update(result.timings)
         track = state.track
@@ -211,9 +211,7 @@ class Selection:
         self._merge(result)
         state = self._states[result.name]
         state.run_status, state.failure = settled_status(state)
-        owner = self._states.get(self._track_server(state.track))
-        if owner is not None and owner is not state:
-            owner.run_status, owner.failure = settled_status(owner)
+        self._settle_owner(state)
 
     # -- servers -----------------------------------------------------------------------
     def open(self, name: str) -> None:
