@@ -700,6 +700,21 @@ class TestRounds:
         summary = json.loads((p.path / "results" / "zz" / "groups" / "g1_ngram.json").read_text())
         assert summary["pairing"] == "interleaved" and "sleep mode" in summary["pairing_reason"]
 
+    def test_a_pair_with_a_disturbed_round_is_measured_again_and_the_evidence_says_so(self, project):
+        # the candidate's second client run (pair 2's round) sees the host busy elsewhere
+        p = project("{'g1_ngram': FakeScript(token_s=0.005, disturbed_runs=[2])}")
+        p.runpytest("--specsel-cpu", "--specsel-label", "dr", "-k", "ngram and general-c1")
+        raw = json.loads((p.path / "results" / "dr" / "raw" / "g1_ngram__general-c1.json").read_text())
+        (replaced,) = raw["replaced_pairs"]
+        assert replaced["pair"] == 1 and replaced["reasons"] == ["candidate round 2: host_disturbed"]
+        assert replaced["candidate"]["host"]["other_share"] == pytest.approx(0.5)
+        assert replaced["candidate"]["flags"] == ["host_disturbed"]
+        assert len(raw["rounds"]) == len(raw["baseline_rounds"]) >= 3
+        assert all(r["flags"] == [] for r in raw["rounds"])  # the kept rounds are the quiet ones
+        assert raw["scenario"]["evidence"]["replaced_pairs"] == [
+            "pair 2 measured again (candidate round 2: host_disturbed)"
+        ]
+
     def test_requests_that_waited_in_the_servers_queue_flag_the_window(self, project):
         p = project("{'g1_ngram': FakeScript(token_s=0.005, queue_wait_s=0.5)}")
         p.runpytest("--specsel-cpu", "--specsel-label", "q", "-k", "ngram and general-c1")

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_specsel.core.disturbance import HostLoad
 from pytest_specsel.core.families import BASELINE_FAMILY
 from pytest_specsel.core.families import family_contract
 from pytest_specsel.core.measurement import MemoryReading
@@ -23,6 +24,7 @@ from pytest_specsel.core.protocol import AssetFacts
 from pytest_specsel.core.protocol import BackendBundle
 from pytest_specsel.core.protocol import Capability
 from pytest_specsel.core.protocol import ClientRun
+from pytest_specsel.core.protocol import HostSampler
 from pytest_specsel.core.protocol import LaunchError
 from pytest_specsel.core.protocol import LaunchSpec
 from pytest_specsel.core.protocol import MemorySampler
@@ -65,6 +67,8 @@ class FakeScript:
     tie_gap: float | None = None
     #: seconds each measured request waits in the server's queue
     queue_wait_s: float = 0.0
+    #: on these (1-based) client runs of the group the host was busy elsewhere (half its CPU)
+    disturbed_runs: Sequence[int] = ()
 
 
 class _Handle:
@@ -315,6 +319,9 @@ def fake_bundle(
     def memory() -> MemorySampler:
         return _Memory(world)
 
+    def host() -> HostSampler:
+        return _Host(world)
+
     def launch_config(config: SpeculativeConfig) -> dict[str, Any]:
         return {
             "fake_method": config.method,
@@ -332,5 +339,23 @@ def fake_bundle(
         launch_config,
         "fake_counters",
         sleep_mode,
+        host,
     )
     return bundle, world
+
+
+class _Host:
+    """The host as scripted: disturbed on the group's ``disturbed_runs``, quiet otherwise."""
+
+    def __init__(self, world: _World) -> None:
+        self.world = world
+        self.run = 0
+        self.group = ""
+
+    def start(self, handle: ServerHandle) -> None:
+        self.group = handle.base_url.removeprefix("fake://")
+        self.run = self.world.runs.get(self.group, 0) + 1
+
+    def stop(self) -> HostLoad:
+        busy = self.run in self.world.script(self.group).disturbed_runs
+        return HostLoad(1.0, 2, 0.0, 0.4, 0.5 if busy else 0.01)

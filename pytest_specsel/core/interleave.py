@@ -3,7 +3,9 @@ policy's minimum, and once more where the planner aims), and the stopping rule.
 
 Rounds are run through two callables (one per arm), so the order and the stopping rule
 are tested without servers and the runner supplies the real rounds. A round that fails or
-is interrupted ends the pairs there; what was measured is returned with it.
+is interrupted ends the pairs there; what was measured is returned with it. A pair with a
+disturbed round (host load from elsewhere, a recompile or preemption in the server log, a
+saturated client) is measured once more as a whole pair, its first measurement kept.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from typing import Any
 
+from pytest_specsel.core.disturbance import DISTURBANCE_FLAGS
 from pytest_specsel.core.intervals import PairedIntervals
 from pytest_specsel.core.intervals import RoundPolicy
 from pytest_specsel.core.intervals import gate_state
@@ -24,19 +28,61 @@ from pytest_specsel.core.records import Role
 from pytest_specsel.core.records import Thresholds
 from pytest_specsel.core.tails import gate_intervals
 
-__all__ = ["PairRun", "RoundRunner", "ratio_states", "run_pairs", "undecided_needs"]
+__all__ = [
+    "PairRun",
+    "ReplacedPair",
+    "RoundRunner",
+    "disturbance_reasons",
+    "ratio_states",
+    "run_pairs",
+    "undecided_needs",
+]
 
 #: runs one round of one arm: (index within the arm) -> (round, interrupt to re-raise)
 RoundRunner = Callable[[int], tuple[Round, KeyboardInterrupt | None]]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class ReplacedPair:
+    """A pair measured once more because a round of it was disturbed; its first
+    measurement, kept with the reasons (nothing measured is dropped without a record)."""
+
+    #: 0-based pair index
+    pair: int
+    #: e.g. "candidate round 2: host_disturbed"
+    reasons: tuple[str, ...]
+    baseline: Round
+    candidate: Round
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pair": self.pair,
+            "reasons": list(self.reasons),
+            "baseline": self.baseline.to_json(),
+            "candidate": self.candidate.to_json(),
+        }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class PairRun:
     baseline: tuple[Round, ...]
     candidate: tuple[Round, ...]
-    #: the arms in the order they ran, e.g. ("baseline", "candidate", "candidate", ...)
+    #: the arms in the order they ran, e.g. ("baseline", "candidate", "candidate", ...),
+    #: a re-measured pair's rounds included
     order: tuple[Role, ...]
     interrupt: KeyboardInterrupt | None = None
+    #: the pairs measured once more, their first measurement kept here
+    replaced: tuple[ReplacedPair, ...] = ()
+
+
+def disturbance_reasons(baseline: Round, candidate: Round) -> tuple[str, ...]:
+    """Why a pair's rounds may not show the servers alone: each round's disturbance flags."""
+    return tuple(
+        f"{r.role.value} round {r.index + 1}: {flag}"
+        for r in (baseline, candidate)
+        for flag in r.flags
+        if flag in DISTURBANCE_FLAGS
+    )
 
 
 def _rows(intervals: PairedIntervals, gates: Thresholds) -> tuple[tuple[Interval | None, float, GateOp], ...]:
@@ -79,8 +125,14 @@ def run_pairs(
     runs: dict[Role, list[Round]] = {Role.BASELINE: [], Role.CANDIDATE: []}
     arms = {Role.BASELINE: baseline, Role.CANDIDATE: candidate}
     order: list[Role] = []
+    replaced: list[ReplacedPair] = []
     start = clock()
     pairs, target, looked = 0, policy.min_pairs, 0
+
+    def done(interrupt: KeyboardInterrupt | None = None) -> PairRun:
+        b, c = tuple(runs[Role.BASELINE]), tuple(runs[Role.CANDIDATE])
+        return PairRun(b, c, tuple(order), interrupt, tuple(replaced))
+
     while True:
         sequence = (Role.BASELINE, Role.CANDIDATE) if pairs % 2 == 0 else (Role.CANDIDATE, Role.BASELINE)
         for role in sequence:
@@ -88,19 +140,42 @@ def run_pairs(
             runs[role].append(measured)
             order.append(role)
             if interrupt is not None or measured.error is not None:
-                return PairRun(
-                    tuple(runs[Role.BASELINE]), tuple(runs[Role.CANDIDATE]), tuple(order), interrupt
-                )
+                return done(interrupt)
+        if _remeasure(policy, runs, replaced, pairs, clock() - start):
+            continue  # the same pair once more, in the same order
         pairs += 1
         if pairs < target:
             continue
         looked += 1
         if looked >= policy.looks:
-            return PairRun(tuple(runs[Role.BASELINE]), tuple(runs[Role.CANDIDATE]), tuple(order))
+            return done()
         intervals = gate_intervals(
             runs[Role.CANDIDATE], runs[Role.BASELINE], policy.look_level, policy.latency_requests
         )
         states = ratio_states(intervals, gates)
         target = policy.next_target(pairs, undecided_needs(intervals, gates), states, clock() - start)
         if target <= pairs:
-            return PairRun(tuple(runs[Role.BASELINE]), tuple(runs[Role.CANDIDATE]), tuple(order))
+            return done()
+
+
+def _remeasure(
+    policy: RoundPolicy,
+    runs: dict[Role, list[Round]],
+    replaced: list[ReplacedPair],
+    pair: int,
+    elapsed_s: float,
+) -> bool:
+    """Whether the pair just measured is measured once more, as a whole pair (one round
+    alone would break the ABBA order): a round of it was disturbed, it was not measured
+    again already, and one more pair fits the budget at the pace so far. Its first
+    measurement moves to ``replaced``."""
+    if not policy.remeasure_disturbed or any(r.pair == pair for r in replaced):
+        return False
+    reasons = disturbance_reasons(runs[Role.BASELINE][-1], runs[Role.CANDIDATE][-1])
+    if not reasons:
+        return False
+    pace = elapsed_s / (pair + 1 + len(replaced))
+    if policy.budget_s is not None and elapsed_s + pace > policy.budget_s:
+        return False
+    replaced.append(ReplacedPair(pair, reasons, runs[Role.BASELINE].pop(), runs[Role.CANDIDATE].pop()))
+    return True

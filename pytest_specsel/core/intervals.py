@@ -219,6 +219,8 @@ class RoundPolicy:
     #: which requests a round's latency figures read: "steady" (past its opening burst,
     #: ``steady.py``) or "all"
     latency_requests: str = "steady"
+    #: a pair with a disturbed round (``core/disturbance.py``) is measured once more
+    remeasure_disturbed: bool = True
 
     @property
     def looks(self) -> int:

@@ -11,6 +11,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytest_specsel.core import stats
+from pytest_specsel.core.disturbance import QUEUED_AFTER_S
+from pytest_specsel.core.disturbance import ClientLoad
+from pytest_specsel.core.disturbance import HostLoad
 from pytest_specsel.core.records import Role
 from pytest_specsel.core.records import TelemetrySource
 from pytest_specsel.core.records import to_json
@@ -243,40 +246,6 @@ def request_to_json(r: RequestRecord) -> dict[str, Any]:
     return data
 
 
-#: a window whose requests queued longer than this on average: not the concurrency asked for
-QUEUED_AFTER_S = 0.1
-#: the client is called saturated when its event loop was busy this share of the window ...
-CLIENT_BUSY_SHARE = 0.9
-#: ... or when its loop answered late, on average, by more than this share of the median gap
-#: between tokens (a chunk read that late carries that much error into its TTFT or ITL) ...
-CLIENT_LAG_SHARE_OF_ITL = 0.1
-#: ... and by more than this many ms (below it, timer resolution and scheduling noise)
-CLIENT_LAG_FLOOR_MS = 1.0
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ClientLoad:
-    """How busy the measuring client was over a measured window: if it, not the server, was
-    the bottleneck, throughput is capped and TTFT and ITL carry its own queueing."""
-
-    #: how late the client's event loop woke for a short timer, over the window
-    loop_lag_mean_ms: float
-    loop_lag_p99_ms: float
-    #: CPU seconds the event loop's thread used / wall seconds of the window
-    loop_cpu_share: float
-    #: client processes (1: one event loop for every stream)
-    processes: int = 1
-
-    def saturated(self, itl_p50_ms: float | None) -> bool:
-        if self.loop_cpu_share >= CLIENT_BUSY_SHARE:
-            return True
-        limit = max(CLIENT_LAG_FLOOR_MS, CLIENT_LAG_SHARE_OF_ITL * (itl_p50_ms or 0.0))
-        return self.loop_lag_mean_ms > limit
-
-    def to_json(self) -> dict[str, Any]:
-        return to_json(self)
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class Round:
     """One replay of a scenario's frozen prompts at its concurrency, on one server."""
@@ -301,6 +270,8 @@ class Round:
     #: unmeasured warm-up requests sent just before the window; the closed-loop concurrency
     warmup_requests: int = 0
     concurrency: int = 1
+    #: the host's CPU and the server log's events over the window (None where unread)
+    host: HostLoad | None = None
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -315,6 +286,8 @@ class Round:
         itl = self.figures.get("itl_p50_ms") if self.figures is not None else None
         if self.client_load is not None and self.client_load.saturated(itl):
             found.append("client_saturated")
+        if self.host is not None:
+            found.extend(self.host.flags())
         return tuple(found)
 
     def to_json(self) -> dict[str, Any]:

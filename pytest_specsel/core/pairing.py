@@ -176,7 +176,8 @@ def pair(
     )
     flags = tuple(sorted({f for r in (*base_rounds, *candidate.rounds) for f in r.flags}))
     evidence = _with_intervals(evidence, base_rounds, candidate.rounds, level, latency)
-    evidence = dataclasses.replace(evidence, pairing=pairing, flags=flags)
+    replaced = tuple(f"pair {p.pair + 1} measured again ({'; '.join(p.reasons)})" for p in candidate.replaced)
+    evidence = dataclasses.replace(evidence, pairing=pairing, flags=flags, replaced_pairs=replaced)
     base_check = self_check(base_rounds)
     self_diverges = None
     if parity is not None and parity.first_divergence and base_check is not None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 from typing import Protocol
 
+from pytest_specsel.core.disturbance import HostLoad
 from pytest_specsel.core.measurement import ClientLoad
 from pytest_specsel.core.measurement import MemoryReading
 from pytest_specsel.core.measurement import RequestRecord
@@ -31,6 +32,7 @@ __all__ = [
     "ClientRun",
     "LaunchConfigBuilder",
     "LaunchError",
+    "HostSampler",
     "LaunchSpec",
     "MemorySampler",
     "MetricsScraper",
@@ -116,6 +118,8 @@ class LaunchSpec:
     device: Device
     #: start with sleep mode on, so the server can be offloaded while the other measures
     sleep_mode: bool = False
+    #: the CPU cores its compute threads are bound to (empty: the backend's own choice)
+    cpu_cores: tuple[int, ...] = ()
 
 
 class ServerHandle(Protocol):
@@ -207,6 +211,15 @@ class MemorySampler(Protocol):
     def stop(self) -> MemoryReading: ...
 
 
+class HostSampler(Protocol):
+    """The host's load and the server log's events over a measured window (a server on
+    this machine; a backend whose servers live elsewhere has none)."""
+
+    def start(self, handle: ServerHandle) -> None: ...
+
+    def stop(self) -> HostLoad | None: ...
+
+
 class Prober(Protocol):
     def probe(self) -> Capability: ...
 
@@ -237,3 +250,5 @@ class BackendBundle:
     telemetry_origin: str
     #: its servers can sleep (offload) and wake: two that do not fit together still interleave
     sleep_mode: bool = False
+    #: reads the host over each measured window (None: not read, no disturbance flags)
+    host: Callable[[], HostSampler] | None = None

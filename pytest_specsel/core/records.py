@@ -336,8 +336,10 @@ class PairEvidence:
     ttft_ratio_interval: Interval | None = None
     e2e_p95_ratio_interval: Interval | None = None
     pairing: Pairing | None = None
-    #: data-quality flags of the windows behind this evidence (see README)
+    #: data-quality flags of the windows behind this evidence (see README); pairs measured
+    #: once more after a disturbed round, and why (the raw file keeps their first rounds)
     flags: tuple[str, ...] = ()
+    replaced_pairs: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -361,8 +363,7 @@ class GateCheck:
     passed: bool
     state: GateState = GateState.UNDECIDED
     interval: Interval | None = None
-    #: about how many round pairs in all would decide an undecided gate (None: unknown), and
-    #: about how many seconds of measuring the pairs beyond those measured would take
+    #: about how many pairs in all would decide an undecided gate (None: unknown), and seconds
     pairs_needed: int | None = None
     seconds_needed: float | None = None
 

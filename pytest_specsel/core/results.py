@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pytest_specsel.core.interleave import ReplacedPair
 from pytest_specsel.core.measurement import MemoryReading
 from pytest_specsel.core.measurement import NoiseFloor
 from pytest_specsel.core.measurement import Round
@@ -97,6 +98,8 @@ class ScenarioResult:
     baseline_rounds: tuple[Round, ...] = ()
     #: the A/A spread of the baseline rounds behind this result
     noise_floor: NoiseFloor | None = None
+    #: a candidate's pairs measured once more after a disturbed round (first measurements)
+    replaced: tuple[ReplacedPair, ...] = ()
 
 
 @dataclasses.dataclass(slots=True)

@@ -51,6 +51,7 @@ DEFAULTS: dict[str, Any] = {
         "enforce_eager": True,
         "cpu_kvcache_space_gb": 2,
         "cpu_reserved_cores": -1,
+        "cpu_bind": "vllm",
         "startup_timeout_s": 900.0,
         "request_timeout_s": 180.0,
         "extra_args": [],
@@ -81,6 +82,7 @@ DEFAULTS: dict[str, Any] = {
         "scenario_budget_s": 0.0,
         # which requests the latency gates read: "steady" (past each round's opening burst) or "all"
         "latency_requests": "steady",
+        "remeasure_disturbed": True,
         "baseline_rounds": 2,
         # A/A calibration: the baseline against a second target-only server, as a candidate.
         "aa_calibration": False,
@@ -159,6 +161,9 @@ class Backend:
     cpu_kvcache_space_gb: int
     #: cores vLLM-CPU keeps free of OpenMP compute threads; -1 leaves it to vLLM
     cpu_reserved_cores: int
+    #: "vllm": vLLM binds each server's OpenMP threads (all of them share the cores); "split":
+    #: the baseline's server computes on the first half of the cores, every other on the rest
+    cpu_bind: str
     startup_timeout_s: float
     request_timeout_s: float
     extra_args: tuple[str, ...]

@@ -96,6 +96,7 @@ def raw_document(
         "summary": to_json(result.summary),
         "rounds": [_round(r) for r in result.rounds],
         "baseline_rounds": [_round(r) for r in result.baseline_rounds],
+        "replaced_pairs": [p.to_json() for p in result.replaced],
     }
 
 

@@ -21,6 +21,7 @@ from pytest_specsel.core.protocol import LaunchError
 from pytest_specsel.core.protocol import ServerHandle
 from pytest_specsel.core.records import Device
 from pytest_specsel.core.records import Pairing
+from pytest_specsel.core.records import Role
 from pytest_specsel.core.records import RunStatus
 from pytest_specsel.core.records import SpeculativeConfig
 from pytest_specsel.core.results import Scenario
@@ -150,7 +151,9 @@ class CandidateRun:
 
     def _start(self, name: str, target: str, speculative: SpeculativeConfig | None) -> ServerHandle:
         log_path = self._paths.log(name)
-        handle, elapsed = self._servers.start(name, target, speculative, log_path)
+        own = name == self.name and not self.work.candidate.is_baseline
+        role = Role.CANDIDATE if own else Role.BASELINE
+        handle, elapsed = self._servers.start(name, target, speculative, log_path, role)
         self._launch[name] = (elapsed, log_path)
         return handle
 

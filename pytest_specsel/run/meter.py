@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_specsel.core.families import family_contract
+from pytest_specsel.core.interleave import ReplacedPair
 from pytest_specsel.core.interleave import RoundRunner
 from pytest_specsel.core.interleave import run_pairs
 from pytest_specsel.core.measurement import Round
@@ -165,8 +166,9 @@ class ScenarioMeter:
             cand_rounds = _awake_for(cand_rounds, handle, base_handle)
         run = run_pairs(base_rounds, cand_rounds, self.study.policy, self.study.gates)
         baseline = self._side(base, scenario, Role.BASELINE, list(run.baseline))
+        servers = (base_handle, handle)
         result = self._record(
-            side, scenario, list(run.candidate), baseline, Pairing.INTERLEAVED, (base_handle, handle)
+            side, scenario, list(run.candidate), baseline, Pairing.INTERLEAVED, servers, run.replaced
         )
         return self._finish_measure(side.name, scenario, t0, result, run.interrupt)
 
@@ -211,10 +213,11 @@ class ScenarioMeter:
         baseline: ScenarioResult | None,
         pairing: Pairing,
         servers: tuple[ServerHandle, ServerHandle] | None = None,
+        replaced: tuple[ReplacedPair, ...] = (),
     ) -> ScenarioResult:
         """Summarise, pair (a candidate) and write one scenario's result. A parity failure
         with both servers up gets a parity pass that tells a near-tie apart."""
-        result = self._side(side, scenario, side.role, rounds)
+        result = dataclasses.replace(self._side(side, scenario, side.role, rounds), replaced=replaced)
         if side.role is Role.CANDIDATE:
             s = self.study
             paired = functools.partial(

@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Callable
 from collections.abc import Sequence
 
+from pytest_specsel.core.disturbance import HostLoad
 from pytest_specsel.core.measurement import MemoryReading
 from pytest_specsel.core.measurement import RequestRecord
 from pytest_specsel.core.measurement import Round
@@ -21,6 +22,7 @@ from pytest_specsel.core.measurement import telemetry_from_counters
 from pytest_specsel.core.parity import TieCheck
 from pytest_specsel.core.parity import tie_gap
 from pytest_specsel.core.protocol import BackendBundle
+from pytest_specsel.core.protocol import HostSampler
 from pytest_specsel.core.protocol import MemorySampler
 from pytest_specsel.core.protocol import ReplayHooks
 from pytest_specsel.core.protocol import ReplaySpec
@@ -75,6 +77,7 @@ class _Window:
         self.before: ServerCounters | None = None
         self.error: str | None = None
         self.sampler: MemorySampler | None = None
+        self.host: HostSampler | None = None
 
     def _scrape(self) -> tuple[ServerCounters | None, str | None]:
         try:
@@ -86,6 +89,18 @@ class _Window:
         self.before, self.error = self._scrape()
         self.sampler = self.bundle.memory()
         self.sampler.start(self.handle)
+        if self.bundle.host is not None:
+            self.host = self.bundle.host()
+            self.host.start(self.handle)
+
+    def close_host(self) -> HostLoad | None:
+        """The host's load over the window; a reading that fails is no reading."""
+        if self.host is None:
+            return None
+        try:
+            return self.host.stop()
+        except Exception:
+            return None
 
     def close(self) -> tuple[SpecTelemetry | None, MemoryReading | None, _Deltas]:
         """Telemetry, memory, and the prefix-cache (queries, hits) and mean queue-wait deltas."""
@@ -143,6 +158,7 @@ def measure_round(
         interrupt, requests, error = exc, tuple(sink), "interrupted"
     except Exception as exc:
         requests, error = tuple(sink), f"{type(exc).__name__}: {exc}"
+    host = meter.close_host()
     telemetry, memory, (queries, hits, queue_wait) = meter.close()
     if error is None and any(not r.ok for r in requests):
         bad = [r for r in requests if not r.ok]
@@ -163,6 +179,7 @@ def measure_round(
         load,
         warmed,
         spec.concurrency,
+        host,
     )
     return measured, interrupt
 

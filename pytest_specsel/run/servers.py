@@ -4,18 +4,33 @@ stopped (with the device memory released) by the run that started them, on every
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_specsel.core.protocol import BackendBundle
 from pytest_specsel.core.protocol import LaunchSpec
 from pytest_specsel.core.protocol import ServerHandle
 from pytest_specsel.core.records import Device
+from pytest_specsel.core.records import Role
 from pytest_specsel.core.records import SpeculativeConfig
 from pytest_specsel.core.study import Study
 
-__all__ = ["ServerPool"]
+__all__ = ["ServerPool", "split_cores"]
+
+
+def split_cores(role: Role, available: Sequence[int] | None = None) -> tuple[int, ...]:
+    """``cpu_bind = "split"``: the baseline's server computes on the first half of the cores
+    this run may use, every other server on the second half, so the idle server beside and
+    the measured one never share a core (the client and the API servers float). With one
+    core there is nothing to split: the backend's own choice."""
+    cores = sorted(available if available is not None else os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return ()
+    half = len(cores) // 2
+    return tuple(cores[:half] if role is Role.BASELINE else cores[half:])
 
 
 class ServerPool:
@@ -34,12 +49,19 @@ class ServerPool:
         self.timings: dict[str, float] = {}
 
     def start(
-        self, name: str, target_path: str, speculative: SpeculativeConfig | None, log_path: Path
+        self,
+        name: str,
+        target_path: str,
+        speculative: SpeculativeConfig | None,
+        log_path: Path,
+        role: Role = Role.CANDIDATE,
     ) -> tuple[ServerHandle, float]:
         """Start and wait until ready; returns the handle and the seconds it took.
 
         :raises LaunchError: when the server does not come up (nothing is left running).
         """
+        split = self._device is Device.CPU and self._study.backend.cpu_bind == "split"
+        cores = split_cores(role) if split else ()
         spec = LaunchSpec(
             name,
             target_path,
@@ -49,8 +71,10 @@ class ServerPool:
             log_path,
             self._device,
             self._bundle.sleep_mode,
+            cores,
         )
-        self._say(f"[specsel] {name}: starting server (log {log_path})")
+        bound = f", compute on cores {','.join(map(str, cores))}" if cores else ""
+        self._say(f"[specsel] {name}: starting server (log {log_path}{bound})")
         t0 = time.monotonic()
         handle = self._bundle.launcher.start(spec)
         elapsed = self.timings[f"{name}.server_start_s"] = time.monotonic() - t0

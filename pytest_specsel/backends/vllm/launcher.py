@@ -106,6 +106,9 @@ def serve_env(spec: LaunchSpec) -> dict[str, str]:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(spec.settings.cpu_kvcache_space_gb)
         if spec.settings.cpu_reserved_cores >= 0:
             env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(spec.settings.cpu_reserved_cores)
+        if spec.cpu_cores:
+            # vLLM-CPU binds its OpenMP threads to this list (one list: one worker)
+            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in spec.cpu_cores)
     return env
 
 
