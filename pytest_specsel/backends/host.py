@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +15,37 @@ from pytest_specsel.core.disturbance import HostLoad
 from pytest_specsel.core.disturbance import log_events
 from pytest_specsel.core.protocol import ServerHandle
 
-__all__ = ["ProcessHostSampler"]
+__all__ = ["ProcessHostSampler", "process_tree", "server_roots"]
 
 #: at most this much of the server log is read for one window (its tail)
 _LOG_WINDOW_BYTES = 1 << 20
+
+
+def server_roots(pids: Iterable[int]) -> list[Any]:
+    """The server's root processes (psutil), those that still exist."""
+    import psutil
+
+    roots = []
+    for pid in pids:
+        try:
+            roots.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    return roots
+
+
+def process_tree(roots: Iterable[Any]) -> list[Any]:
+    """Each running root and all its children, now (a root that ends meanwhile is left out)."""
+    import psutil
+
+    procs: list[Any] = []
+    for root in roots:
+        try:
+            if root.is_running():
+                procs += [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+    return procs
 
 
 class ProcessHostSampler:
@@ -28,12 +56,14 @@ class ProcessHostSampler:
     def __init__(self) -> None:
         self._start: tuple[float, Any, float] | None = None
         self._handle: ServerHandle | None = None
+        self._roots: list[Any] = []
         self._log_offset = 0
 
     def start(self, handle: ServerHandle) -> None:
         import psutil
 
         self._handle = handle
+        self._roots = [psutil.Process(os.getpid()), *server_roots(handle.pids())]
         self._log_offset = _size(handle.log_path)
         self._start = (time.monotonic(), psutil.cpu_times(), self._ours())
 
@@ -67,14 +97,9 @@ class ProcessHostSampler:
         """CPU seconds (user + system) of the server's process tree and of this process."""
         import psutil
 
-        assert self._handle is not None
-        procs = [psutil.Process(os.getpid())]
-        for pid in self._handle.pids():
-            try:
-                root = psutil.Process(pid)
-                procs += [root, *root.children(recursive=True)]
-            except psutil.Error:
-                continue
+        # this process's own children (the idle server beside) are not walked: only the
+        # measured server's tree is
+        procs = [self._roots[0], *process_tree(self._roots[1:])]
         seconds = 0.0
         for proc in {p.pid: p for p in procs}.values():
             try:

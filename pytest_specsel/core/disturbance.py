@@ -1,6 +1,6 @@
 """What may have disturbed a measured round besides the mechanism, as records and rules:
 the measuring client's own load, the host's load from elsewhere, and events in the
-server's log. Readings come from the run (``run/host.py`` reads the host); here they are
+server's log. Readings come from the backend (``backends/host.py`` reads this host); here they are
 only judged, so the thresholds are tested on scripted readings.
 
 A disturbed round is not dropped: it is flagged, and the pair it belongs to may be measured

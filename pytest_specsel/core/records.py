@@ -336,9 +336,9 @@ class PairEvidence:
     ttft_ratio_interval: Interval | None = None
     e2e_p95_ratio_interval: Interval | None = None
     pairing: Pairing | None = None
-    #: data-quality flags of the windows behind this evidence (see README); pairs measured
-    #: once more after a disturbed round, and why (the raw file keeps their first rounds)
+    #: data-quality flags of the windows behind this evidence (see README)
     flags: tuple[str, ...] = ()
+    #: pairs measured once more after a disturbed round, and why (raw file: their first rounds)
     replaced_pairs: tuple[str, ...] = ()
 
 
@@ -363,7 +363,7 @@ class GateCheck:
     passed: bool
     state: GateState = GateState.UNDECIDED
     interval: Interval | None = None
-    #: about how many pairs in all would decide an undecided gate (None: unknown), and seconds
+    #: pairs in all that would about decide an undecided gate (None: unknown); seconds the rest take
     pairs_needed: int | None = None
     seconds_needed: float | None = None
 

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from pytest_specsel.backends.host import process_tree
 from pytest_specsel.core.measurement import MemoryReading
 from pytest_specsel.core.measurement import ServerCounters
 from pytest_specsel.core.measurement import SpecCounters
@@ -167,11 +168,7 @@ class ProcessTreeRssSampler(_Sampler):
         roots = [psutil.Process(pid) for pid in handle.pids()]
 
         def read() -> float | None:
-            procs: list[psutil.Process] = []
-            for root in roots:
-                if root.is_running():
-                    procs.append(root)
-                    procs.extend(root.children(recursive=True))
+            procs = process_tree(roots)
             return _sum_rss(procs) if procs else None
 
         self._begin(read)
@@ -204,9 +201,7 @@ class NvmlMemorySampler(_Sampler):
         roots = [psutil.Process(pid) for pid in handle.pids()]
 
         def read() -> float | None:
-            tree = {
-                p.pid for root in roots if root.is_running() for p in (root, *root.children(recursive=True))
-            }
+            tree = {p.pid for p in process_tree(roots)}
             used = 0
             for device in devices:
                 for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(device):
