@@ -1,16 +1,22 @@
-"""``python -m pytest_specsel``: rebuild a run's report page, or compare two runs.
+"""``python -m pytest_specsel``: rebuild a run's report page, compare two runs, or print
+(or start) the measured server of a run's recommendation.
 
     python -m pytest_specsel report RESULTS/LABEL
     python -m pytest_specsel compare RUN_A RUN_B
+    python -m pytest_specsel serve-command RESULTS/LABEL --workload W [--concurrency C]
+        [--port P] [--exec]
 
 Exit status: 0 done (compare: no change that counts), 1 compare found a change that
-counts (a verdict, a gate between passed and failed, a speedup beyond noise), 2 usage
-error (a path that is not a run folder).
+counts (a verdict, a gate between passed and failed, a speedup beyond noise, a
+recommendation), 2 usage error (a path that is not a run folder; serve-command: no argv
+for that workload and level, named in the message).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,12 +46,21 @@ def finished_run(value: str) -> Path:
     return path
 
 
+def handoff_file(value: str) -> Path:
+    """A run folder with its handoff.json, or the handoff.json itself."""
+    path = Path(value)
+    if path.is_file():
+        return path
+    return finished_run(value) / "handoff.json"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pytest_specsel",
-        description="Rebuild a run's report page, or compare two runs of one study.",
+        description="Rebuild a run's report page, compare two runs of one study, or print the "
+        "server command of a run's recommendation.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{report,compare}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{report,compare,serve-command}")
     report = sub.add_parser("report", help="(re)build report.html in a run folder from its files")
     report.add_argument("run", type=run_folder, help="the run folder, e.g. benchmarks/results/LABEL")
     compare = sub.add_parser(
@@ -54,11 +69,39 @@ def _parser() -> argparse.ArgumentParser:
     )
     compare.add_argument("run_a", type=finished_run, help="the earlier (reference) run folder")
     compare.add_argument("run_b", type=finished_run, help="the later run folder")
+    serve = sub.add_parser(
+        "serve-command",
+        help="print (or --exec) the measured vllm serve command of the recommendation for a workload",
+    )
+    serve.add_argument("handoff", type=handoff_file, help="the run folder, or its handoff.json")
+    serve.add_argument("--workload", required=True, help="a workload of the study, e.g. repetition")
+    serve.add_argument("--concurrency", type=int, help="the load level (needed when several were measured)")
+    serve.add_argument("--port", type=int, help="serve on this port instead of the one measured on")
+    serve.add_argument("--exec", action="store_true", help="start the server in place of this process")
     return parser
+
+
+def _serve_command(args: argparse.Namespace) -> int:
+    from pytest_specsel.files.report_recommendation import ServeError
+    from pytest_specsel.files.report_recommendation import serve_command
+    from pytest_specsel.files.report_recommendation import shell_line
+
+    handoff = json.loads(args.handoff.read_text(encoding="utf-8"))
+    try:
+        env, argv = serve_command(handoff, args.workload, args.concurrency, args.port)
+    except ServeError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    if args.exec:
+        os.execvpe(argv[0], argv, {**os.environ, **env})
+    print(shell_line(env, argv))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "serve-command":
+        return _serve_command(args)
     if args.command == "report":
         from pytest_specsel.files.report import write_report
 

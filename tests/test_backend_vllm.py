@@ -4,6 +4,7 @@ asset checks, the install shim."""
 import dataclasses
 import json
 import os
+import shlex
 import signal
 import struct
 import subprocess
@@ -93,6 +94,19 @@ class TestLifecycle:
         assert not alive(server.proc.pid)
         assert not any(alive(p) for p in engines)
         assert "fake vllm serve" in spec.log_path.read_text()
+        # what it was started with: the argv, the port at port_index, the launcher's env, and
+        # the log's first line is the same command as one shell line
+        command = server.command
+        assert (
+            list(command.argv) == server.argv
+            and command.argv[command.port_index] == server.base_url.rsplit(":", 1)[1]
+        )
+        assert command.env["HF_HUB_OFFLINE"] == "1" and "PATH" not in command.env
+        first = spec.log_path.read_text().splitlines()[0]
+        assert shlex.split(first[2:]) == [
+            *(f"{k}={v}" for k, v in sorted(command.env.items())),
+            *command.argv,
+        ]
 
     def test_early_exit_is_a_launch_error_with_the_log_tail(self, spec, tmp_path, monkeypatch):
         monkeypatch.setenv("FAKE_VLLM_MODE", "crash")

@@ -7,6 +7,7 @@ fast, slow, divergent, failing to launch, or silent on telemetry.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +31,7 @@ from pytest_specsel.core.protocol import LaunchSpec
 from pytest_specsel.core.protocol import MemorySampler
 from pytest_specsel.core.protocol import ReplayHooks
 from pytest_specsel.core.protocol import ReplaySpec
+from pytest_specsel.core.protocol import ServeCommand
 from pytest_specsel.core.protocol import ServerHandle
 from pytest_specsel.core.records import AssetKind
 from pytest_specsel.core.records import Device
@@ -84,6 +86,7 @@ class _Handle:
         self.cache_hits = 0.0
         self.queue_time_s = 0.0
         self.queued_count = 0.0
+        self.command: ServeCommand | None = None
 
     def pids(self) -> list[int]:
         return []
@@ -158,6 +161,23 @@ class _Prober:
         return True
 
 
+def _launch_config(config: SpeculativeConfig) -> dict[str, Any]:
+    return {
+        "fake_method": config.method,
+        "k": config.num_speculative_tokens,
+        "proposer": config.proposer_path,
+    }
+
+
+def _command(spec: LaunchSpec) -> ServeCommand:
+    """The fake server's command, shaped like a real one (port at a known index)."""
+    argv = ["fake-serve", spec.model_path, "--served-model-name", spec.served_name, "--port", "8000"]
+    if spec.speculative is not None:
+        argv += ["--speculative-config", json.dumps(_launch_config(spec.speculative), sort_keys=True)]
+    env = {"FAKE_CORES": ",".join(map(str, spec.cpu_cores))} if spec.cpu_cores else {}
+    return ServeCommand(tuple(argv), env, argv.index("--port") + 1)
+
+
 class _Launcher:
     def __init__(self, world: _World) -> None:
         self.world = world
@@ -178,6 +198,7 @@ class _Launcher:
         w.alive.append(spec.name)
         w.max_alive = max(w.max_alive, len(w.alive))
         handle = _Handle(w, spec.name, spec.log_path, spec.speculative is not None)
+        handle.command = _command(spec)
         w.handles[spec.name] = handle
         return handle
 
@@ -322,13 +343,6 @@ def fake_bundle(
     def host() -> HostSampler:
         return _Host(world)
 
-    def launch_config(config: SpeculativeConfig) -> dict[str, Any]:
-        return {
-            "fake_method": config.method,
-            "k": config.num_speculative_tokens,
-            "proposer": config.proposer_path,
-        }
-
     bundle = BackendBundle(
         "fake",
         _Prober(world),
@@ -336,7 +350,7 @@ def fake_bundle(
         _Client(world),
         _Scraper(world),
         memory,
-        launch_config,
+        _launch_config,
         "fake_counters",
         sleep_mode,
         host,

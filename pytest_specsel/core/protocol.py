@@ -6,6 +6,7 @@ Nothing here imports a third-party library, so tests and the core can type again
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from collections.abc import Callable
 from collections.abc import Mapping
 from pathlib import Path
@@ -39,6 +40,7 @@ __all__ = [
     "Prober",
     "ReplayHooks",
     "ReplaySpec",
+    "ServeCommand",
     "ServerHandle",
     "ServerLauncher",
     "WarmupError",
@@ -81,6 +83,9 @@ class Capability:
     #: methods (or families the backend detects from the asset) that this install declares
     #: but cannot run, and why, in the backend's words (e.g. a missing dependency)
     method_problems: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: the backend takes a per-batch-size proposal-length schedule (vLLM's SpeculativeConfig
+    #: ``num_speculative_tokens_per_batch_size``); None: not probed
+    per_batch_size_schedule: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -122,9 +127,29 @@ class LaunchSpec:
     cpu_cores: tuple[int, ...] = ()
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServeCommand:
+    """What a server was started with, as the launcher ran it: the argv and the environment
+    variables the launcher set (not the whole inherited environment). ``argv[port_index]``
+    is the port it listened on, the one item a deployment changes."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    port_index: int | None = None
+
+    def shell_line(self) -> str:
+        """``K=V ... argv``: the command as one line a POSIX shell runs."""
+        return shlex.join([*(f"{k}={v}" for k, v in sorted(self.env.items())), *self.argv])
+
+
 class ServerHandle(Protocol):
     base_url: str
     log_path: Path
+
+    @property
+    def command(self) -> ServeCommand | None:
+        """How it was started (None: the backend cannot say)."""
+        ...
 
     def pids(self) -> list[int]: ...
 

@@ -23,6 +23,7 @@ from pytest_specsel.core.measurement import SpecTelemetry
 from pytest_specsel.core.measurement import pool_rounds
 from pytest_specsel.core.parity import ParityResult
 from pytest_specsel.core.protocol import AssetFacts
+from pytest_specsel.core.protocol import ServeCommand
 from pytest_specsel.core.records import Admission
 from pytest_specsel.core.records import Decision
 from pytest_specsel.core.records import EvidenceStatus
@@ -122,6 +123,8 @@ class CandidateState:
     #: interleaved with the idle server asleep (sleep mode), because both do not fit awake
     sleeping: bool = False
     log_path: Path | None = None
+    #: how its server was started (the recommendation's runnable command)
+    command: ServeCommand | None = None
     scenarios: dict[str, ScenarioResult] = dataclasses.field(default_factory=dict)
     launch_s: float | None = None
 

@@ -22,12 +22,17 @@ __all__ = [
     "GROUPS",
     "Backend",
     "Candidate",
+    "PREFERENCES",
     "Study",
     "with_aa_calibration",
 ]
 
 #: the A/A calibration candidate's name
 AA_CANDIDATE = "aa_calibration"
+
+#: what may break a tie between accepted candidates (``core/recommendation.py``), in the
+#: default order: lower peak memory, then no extra checkpoint, then the smaller K
+PREFERENCES = ("peak_memory", "no_checkpoint", "smaller_k")
 
 #: the fixed candidate identities, in launch order
 GROUPS = ("g0_target_only", "g1_ngram", "g2_mtp", "g3_eagle", "g4_dflash", "g5_dspark")
@@ -107,6 +112,8 @@ DEFAULTS: dict[str, Any] = {
     "candidates": {},
     # Written once: the gate defaults are the Thresholds record's.
     "gates": to_json(Thresholds()),
+    #: how a tie between accepted candidates is broken (README "The recommendation")
+    "recommendation": {"prefer": list(PREFERENCES)},
 }
 
 
@@ -204,6 +211,8 @@ class Study:
     #: G0-G5 in slot order, then the extra candidates in file order: the launch order
     candidates: tuple[Candidate, ...]
     gates: Thresholds
+    #: breaks a tie between accepted candidates, first key first (a subset of PREFERENCES)
+    recommendation_preference: tuple[str, ...] = PREFERENCES
 
     @property
     def sampling_key(self) -> str:

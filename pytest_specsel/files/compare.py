@@ -1,6 +1,6 @@
 """What changed between two runs of one study: per candidate and scenario, the verdict,
 each gate's state, and the throughput speedup with its interval, and whether a change is
-beyond noise (the two intervals are disjoint).
+beyond noise (the two intervals are disjoint); per workload and level, the recommendation.
 
 ``compare_documents`` is pure (two handoffs in, a ``Comparison`` out); ``compare_runs``
 reads two run folders and writes the comparison page into the second one.
@@ -16,14 +16,28 @@ from pathlib import Path
 from typing import Any
 from typing import Literal
 
-__all__ = ["CaseChange", "Comparison", "Speedup", "compare_documents", "compare_runs", "format_table"]
+from pytest_specsel.files.report_recommendation import levels_of
+
+__all__ = [
+    "CaseChange",
+    "ChoiceChange",
+    "Comparison",
+    "Speedup",
+    "compare_documents",
+    "compare_runs",
+    "format_table",
+]
 
 #: a candidate or scenario that one of the two runs does not have
 ABSENT = "absent"
 #: keys of the study whose difference makes two runs different studies (reported, not fatal)
 STUDY_KEYS = ("target_model", "gates", "workloads", "concurrency", "num_prompts", "max_tokens", "temperature",
-              "sampling_key", "backend", "policy", "strict_parity")  # fmt: skip
-NO_CHANGE = "no change that counts: same verdicts, no gate between passed and failed, no speedup beyond noise"
+              "sampling_key", "backend", "policy", "strict_parity", "recommendation_preference")  # fmt: skip
+NO_CHANGE = (
+    "no change that counts: same verdicts, no gate between passed and failed, no speedup beyond noise, "
+    "same recommendations"
+)
+COUNTS = "a verdict, a gate passed <-> failed, a speedup beyond noise, a recommendation"
 NoiseCall = Literal["beyond noise", "within noise", "no interval", "-"]
 
 
@@ -91,21 +105,47 @@ class CaseChange:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class ChoiceChange:
+    """The recommendation for one workload at one level in both runs (``absent``: not there)."""
+
+    workload: str
+    concurrency: str
+    choice_a: str
+    choice_b: str
+
+    @property
+    def changed(self) -> bool:
+        return self.choice_a != self.choice_b
+
+    def text(self) -> str:
+        moved = f"{self.choice_a} -> {self.choice_b}" if self.changed else self.choice_a
+        return f"recommendation {self.workload} c{self.concurrency}: {moved}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Comparison:
     label_a: str
     label_b: str
     cases: tuple[CaseChange, ...]
     #: how the two studies differ (empty: the same study)
     study_notes: tuple[str, ...] = ()
+    #: per workload and level (empty when a handoff has no recommendation: see the note)
+    choices: tuple[ChoiceChange, ...] = ()
+    choice_note: str | None = None
 
     @property
     def changes(self) -> list[CaseChange]:
         return [c for c in self.cases if c.why()]
 
     @property
+    def changed_choices(self) -> list[ChoiceChange]:
+        return [c for c in self.choices if c.changed]
+
+    @property
     def exit_status(self) -> int:
-        """1 when a verdict changed, a gate flipped or a speedup moved beyond noise; else 0."""
-        return 1 if self.changes else 0
+        """1 when a verdict changed, a gate flipped, a speedup moved beyond noise or a
+        recommendation changed; else 0."""
+        return 1 if self.changes or self.changed_choices else 0
 
 
 def _speedup(view: Mapping[str, Any]) -> Speedup | None:
@@ -179,7 +219,27 @@ def compare_documents(
         "gates": handoff_b.get("gates"),
         **(config_b or {}),
     }
-    return Comparison(labels[0], labels[1], tuple(cases), _study_notes(study_a, study_b))
+    choices, note = _choices(handoff_a, handoff_b, labels)
+    return Comparison(labels[0], labels[1], tuple(cases), _study_notes(study_a, study_b), choices, note)
+
+
+def _choices(
+    a: Mapping[str, Any], b: Mapping[str, Any], labels: tuple[str, str]
+) -> tuple[tuple[ChoiceChange, ...], str | None]:
+    """Each level's choice in A and B; a level only one run has counts as a change. A
+    handoff written before the recommendation has none: not compared, and said so."""
+    missing = [label for label, doc in zip(labels, (a, b), strict=True) if not doc.get("recommendation")]
+    if missing:
+        return (), f"recommendations not compared: no recommendation in {' and '.join(missing)}'s handoff"
+    la, lb = levels_of(a["recommendation"]), levels_of(b["recommendation"])
+    keys = list(la) + [k for k in lb if k not in la]
+    choice = (
+        {k: str(v.get("choice")) for k, v in la.items()},
+        {k: str(v.get("choice")) for k, v in lb.items()},
+    )
+    return tuple(
+        ChoiceChange(w, c, choice[0].get((w, c), ABSENT), choice[1].get((w, c), ABSENT)) for w, c in keys
+    ), None
 
 
 _HEADER = ("case", "verdict A -> B", "speedup A", "speedup B", "speedup change", "what else moved")
@@ -220,13 +280,13 @@ def format_table(comparison: Comparison) -> list[str]:
     lines = [f"specsel compare: {comparison.label_a} -> {comparison.label_b}"]
     lines += [f"warning: the studies differ: {note}" for note in comparison.study_notes]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
-    changes = comparison.changes
-    lines.append(
-        f"{len(changes)} change(s) that count (a verdict, a gate passed <-> failed, a speedup beyond noise):"
-        if changes
-        else NO_CHANGE
-    )
+    lines += [("! " if c.changed else "  ") + c.text() for c in comparison.choices]
+    lines += [f"note: {comparison.choice_note}"] if comparison.choice_note else []
+    changes, choices = comparison.changes, comparison.changed_choices
+    count = len(changes) + len(choices)
+    lines.append(f"{count} change(s) that count ({COUNTS}):" if count else NO_CHANGE)
     lines += [f"  {c.candidate} {c.scenario}: {'; '.join(c.why())}" for c in changes]
+    lines += [f"  {c.text()}" for c in choices]
     return lines
 
 
@@ -246,11 +306,17 @@ def _page(comparison: Comparison) -> str:
     changes = "".join(
         f"<li>{esc(c.candidate)} {esc(c.scenario)}: {esc('; '.join(c.why()))}</li>"
         for c in comparison.changes
+    ) + "".join(f"<li>{esc(c.text())}</li>" for c in comparison.changed_choices)
+    choices = "".join(f"<li>{esc(c.text())}</li>" for c in comparison.choices)
+    choices = (
+        f"<h2>Recommendations</h2><ul>{choices}</ul>" if choices else f"<p>{esc(comparison.choice_note)}</p>"
     )
     summary = f"<ul>{changes}</ul>" if changes else f"<p>{esc(NO_CHANGE)}</p>"
     title = f"specsel compare: {comparison.label_a} -> {comparison.label_b}"
     status = f"<p>exit status {comparison.exit_status} (1: a change that counts; 0: none)</p>"
-    return page(title, f"<h1>{esc(title)}</h1>{notes}{body}<h2>Changes that count</h2>{summary}{status}")
+    return page(
+        title, f"<h1>{esc(title)}</h1>{notes}{body}{choices}<h2>Changes that count</h2>{summary}{status}"
+    )
 
 
 def _read(run_dir: Path, name: str) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_specsel.core.measurement import Round
+from pytest_specsel.core.recommendation import recommend
 from pytest_specsel.core.records import Reason
 from pytest_specsel.core.records import Verdict
 from pytest_specsel.core.records import to_json
@@ -188,9 +189,11 @@ def handoff_document(
     study: Study,
     baselines: Mapping[str, Sequence[ScenarioView]],
     candidates: Sequence[tuple[CandidateState, Sequence[ScenarioView]]],
+    recommendation: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What the deployment step consumes: per candidate and scenario, one view holding its
-    evidence and decision (each once), the baselines per track, the gates and the rule."""
+    evidence and decision (each once), the baselines per track, the gates and the rule, and
+    the recommendation per workload (``core/recommendation.py``)."""
     return {
         "schema_version": HANDOFF_SCHEMA,
         "run_label": header.label,
@@ -219,6 +222,7 @@ def handoff_document(
         },
         # "which mechanism at which proposal length": each table's candidates by K
         "proposal_lengths": _by_group(state for state, _ in candidates),
+        "recommendation": dict(recommendation) if recommendation is not None else None,
     }
 
 
@@ -249,4 +253,16 @@ def run_documents(
     extra = {t: v for t, v in baselines.items() if t != study.target_model}
     manifest = manifest_document(header, run, [s for s, _ in states], extra, header.root / "handoff.json")
     candidates = [(s, v) for s, v in states if not s.candidate.is_baseline]
-    return summaries, manifest, handoff_document(header, study, baselines, candidates)
+    choice = _recommendation(study, run, states)
+    return summaries, manifest, handoff_document(header, study, baselines, candidates, choice)
+
+
+def _recommendation(
+    study: Study, run: Mapping[str, Any], states: Sequence[tuple[CandidateState, Sequence[ScenarioView]]]
+) -> dict[str, Any]:
+    """The recommendation, with the command each server was started with."""
+    env = run.get("environment") or {}
+    backend = " ".join(str(p) for p in (env.get("backend") or run.get("backend"), env.get("version")) if p)
+    commands = {state.name: state.command for state, _ in states}
+    probe = (backend or "the backend", env.get("per_batch_size_schedule"))
+    return recommend(study.target_model, study.recommendation_preference, states, commands, probe).to_json()

@@ -1,6 +1,7 @@
 """The report page's judgement sections, each an HTML string built from a ``RunFolder``:
-the decision table, the candidates, one part per scenario (figures and charts) and the
-parity failures (the environment, the study and the files are ``run_facts``).
+the recommendation (``report_recommendation``), the decision table, the candidates, one part
+per scenario (figures and charts) and the parity failures (the environment, the study and the
+files are ``run_facts``).
 
 Every text from a file is escaped here (``esc``); the only markup is this module's own.
 """
@@ -17,6 +18,7 @@ from pytest_specsel.files.html import interval_text
 from pytest_specsel.files.html import link
 from pytest_specsel.files.html import number
 from pytest_specsel.files.html import table
+from pytest_specsel.files.report_recommendation import recommendation_html
 from pytest_specsel.files.run_facts import run_facts
 from pytest_specsel.files.run_folder import RunFolder
 from pytest_specsel.files.run_folder import is_baseline
@@ -35,6 +37,7 @@ _LEAD = 10
 def sections(run: RunFolder, charts: ModuleType | None) -> list[tuple[str, str, str]]:
     """(anchor, title, html) of every section, in page order."""
     return [
+        ("recommendation", "Recommendation", recommendation_html(run.handoff.get("recommendation"))),
         ("decision", "Decision", _decision(run)),
         ("candidates", "Candidates and admission", _candidates(run)),
         ("scenarios", "Scenarios", _scenarios(run, charts)),

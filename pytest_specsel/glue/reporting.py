@@ -1,8 +1,10 @@
 """Terminal summary and pytest-json-report integration (optional: registered only when
-pytest-json-report is active). Both read scenario views, nothing else."""
+pytest-json-report is active). Both read scenario views; the summary's closing
+recommendation block reads the handoff it was written to, so it says what the file says."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -15,9 +17,17 @@ import pytest
 from pytest_specsel.core.records import GateState
 from pytest_specsel.core.records import RunStatus
 from pytest_specsel.core.results import ScenarioView
+from pytest_specsel.files.report_recommendation import recommendation_lines
 from pytest_specsel.run.runner import Selection
 
-__all__ = ["OUTCOME_KEY", "JsonReportHooks", "Reported", "format_rows", "write_summary"]
+__all__ = [
+    "OUTCOME_KEY",
+    "JsonReportHooks",
+    "Reported",
+    "format_rows",
+    "write_recommendation",
+    "write_summary",
+]
 
 #: per test item: the outcome's facts (the scenario view's JSON), for reports
 OUTCOME_KEY = pytest.StashKey[dict[str, Any]]()
@@ -145,6 +155,21 @@ def write_summary(terminalreporter: Any, specsel: Reported) -> None:
         )
     for name, path in specsel.files.items():
         terminalreporter.write_line(f"specsel {name}: {path}")
+    handoff = specsel.files.get("handoff")
+    if handoff is not None:
+        write_recommendation(terminalreporter, handoff)
+
+
+def write_recommendation(terminalreporter: Any, handoff: Path) -> None:
+    """The run's last words: the recommendation block, as the handoff holds it."""
+    terminalreporter.write_sep("-", "Recommendation")
+    try:
+        recommendation = json.loads(handoff.read_text(encoding="utf-8")).get("recommendation")
+    except (OSError, ValueError) as exc:
+        terminalreporter.write_line(f"specsel: the handoff could not be read back ({exc})", yellow=True)
+        return
+    for line in recommendation_lines(recommendation, handoff.parent):
+        terminalreporter.write_line(line)
 
 
 class JsonReportHooks:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pytest_specsel.core.protocol import BackendBundle
 from pytest_specsel.core.protocol import LaunchError
+from pytest_specsel.core.protocol import ServeCommand
 from pytest_specsel.core.protocol import ServerHandle
 from pytest_specsel.core.records import Device
 from pytest_specsel.core.records import Pairing
@@ -99,6 +100,7 @@ class CandidateResult:
     launch_failed: bool
     launch_s: float | None
     log_path: Path | None
+    command: ServeCommand | None
     scenarios: Mapping[str, ScenarioResult]
     #: the track's own baseline results this run measured, by scenario key
     baselines: Mapping[str, ScenarioResult]
@@ -106,6 +108,7 @@ class CandidateResult:
     baseline_failure: str | None
     baseline_launch_s: float | None
     baseline_log_path: Path | None
+    baseline_command: ServeCommand | None
     timings: Mapping[str, float]
     interrupted: bool
 
@@ -130,7 +133,7 @@ class CandidateRun:
         self._baselines: dict[str, ScenarioResult] = {}
         self._failure: str | None = None
         self._launch_failed = False
-        self._launch: dict[str, tuple[float, Path]] = {}
+        self._launch: dict[str, tuple[float, Path, ServeCommand | None]] = {}
         self._baseline_failure: str | None = None
 
     @property
@@ -154,7 +157,7 @@ class CandidateRun:
         own = name == self.name and not self.work.candidate.is_baseline
         role = Role.CANDIDATE if own else Role.BASELINE
         handle, elapsed = self._servers.start(name, target, speculative, log_path, role)
-        self._launch[name] = (elapsed, log_path)
+        self._launch[name] = (elapsed, log_path, handle.command)
         return handle
 
     # -- open ------------------------------------------------------------------------
@@ -298,11 +301,13 @@ class CandidateRun:
             launch_failed=self._launch_failed,
             launch_s=own[0] if own else None,
             log_path=own[1] if own else None,
+            command=own[2] if own else None,
             scenarios=dict(self._scenarios),
             baselines=dict(self._baselines),
             baseline_failure=self._baseline_failure,
             baseline_launch_s=theirs[0] if theirs else None,
             baseline_log_path=theirs[1] if theirs else None,
+            baseline_command=theirs[2] if theirs else None,
             timings={**self._meter.timings, **self._servers.timings_of(self.name, base)},
             interrupted=self._meter.interrupted,
         )

@@ -188,7 +188,7 @@ class Selection:
         state = self._states[result.name]
         state.scenarios.update(result.scenarios)
         if result.launch_s is not None:
-            state.launch_s, state.log_path = result.launch_s, result.log_path
+            state.launch_s, state.log_path, state.command = result.launch_s, result.log_path, result.command
         if result.failure is not None:
             state.failure = result.failure
         if result.launch_failed:
@@ -203,6 +203,7 @@ class Selection:
         owner.scenarios.update(result.baselines)
         if result.baseline_launch_s is not None:
             owner.launch_s, owner.log_path = result.baseline_launch_s, result.baseline_log_path
+            owner.command = result.baseline_command
         if result.baseline_failure is not None:
             owner.run_status, owner.failure = RunStatus.FAILED, result.baseline_failure
 

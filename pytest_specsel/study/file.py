@@ -22,6 +22,7 @@ from pytest_specsel.core.steady import LATENCY_REQUESTS
 from pytest_specsel.core.study import BASELINE_GROUP
 from pytest_specsel.core.study import DEFAULTS
 from pytest_specsel.core.study import GROUPS
+from pytest_specsel.core.study import PREFERENCES
 from pytest_specsel.core.study import Backend
 from pytest_specsel.core.study import Candidate
 from pytest_specsel.core.study import Study
@@ -56,7 +57,7 @@ _NAME = re.compile(r"[a-z0-9_]+")
 def _check_shape(table: Mapping[str, Any], loc: _Locator) -> None:
     """Unknown keys anywhere, before anything is merged."""
     check_keys(table, DEFAULTS, "", loc)
-    for section in ("target", "backend", "run", "gates"):
+    for section in ("target", "backend", "run", "gates", "recommendation"):
         if section in table:
             if not isinstance(table[section], Mapping):
                 raise loc.error(section, "must be a table")
@@ -270,6 +271,19 @@ def _gates(g: Mapping[str, Any], loc: _Locator) -> Thresholds:
     return gates
 
 
+def _preference(r: Mapping[str, Any], loc: _Locator) -> tuple[str, ...]:
+    """``recommendation.prefer``: which tie-breaks apply, first first (README "The recommendation")."""
+    prefer = r["prefer"]
+    accepted = f"a list of distinct keys from {', '.join(PREFERENCES)}"
+    if not isinstance(prefer, list) or not all(isinstance(p, str) for p in prefer):
+        raise loc.error("recommendation.prefer", f"{prefer!r} must be {accepted}")
+    unknown = [p for p in prefer if p not in PREFERENCES]
+    if unknown or len(set(prefer)) != len(prefer):
+        problem = f"unknown key {unknown[0]!r}" if unknown else "lists a key twice"
+        raise loc.error("recommendation.prefer", f"{prefer!r}: {problem}; it must be {accepted}")
+    return tuple(prefer)
+
+
 def study_from_mapping(
     table: Mapping[str, Any],
     base_dir: Path,
@@ -326,6 +340,7 @@ def study_from_mapping(
         ),
         candidates=tuple(candidates),
         gates=_gates(data["gates"], loc),
+        recommendation_preference=_preference(data["recommendation"], loc),
         **run,
     )
     return with_aa_calibration(study) if aa else study

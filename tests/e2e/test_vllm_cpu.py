@@ -5,18 +5,16 @@ starts servers runs the plugin in a subprocess, as a user would.
 """
 
 import json
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from pytest_specsel.backends.vllm.probe import probe_vllm
 from pytest_specsel.backends.vllm.probe import resolve_vllm_command
-from pytest_specsel.embedded.bundled import BUNDLED_REPO_ID
 from tests.browser import keep_screenshot
 from tests.browser import need_browser
 from tests.browser import open_page
+from tests.e2e.project import e2e_project
 
 pytestmark = [
     pytest.mark.e2e,
@@ -24,7 +22,6 @@ pytestmark = [
         resolve_vllm_command() is None, reason="no vllm executable: run bash scripts/setup-cpu.sh"
     ),
 ]
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_probe_reads_vllms_own_declarations():
@@ -38,24 +35,9 @@ def test_the_probe_reads_vllms_own_declarations():
 
 
 def test_the_plugin_measures_g0_and_g1_for_real(pytester):
-    shutil.copytree(REPO / "pytest_specsel" / "data" / "workloads", pytester.path / "workloads")
-    shutil.copy(REPO / "benchmarks" / "test_speculative_selection.py", pytester.path)
-    (pytester.path / ".specsel").symlink_to(REPO / ".specsel")
-    pytester.makefile(
-        ".toml",
-        specsel=f"""
-[specsel]
-results_dir = "results"
-warmup_workload = "workloads/speculative_warmup.jsonl"
-[specsel.target]
-model = "{BUNDLED_REPO_ID}"
-served_name = "smol"
-[specsel.backend]
-dtype = "float32"
-max_model_len = 1024
-cpu_kvcache_space_gb = 1
-[specsel.workloads]
-repetition = "workloads/speculative_repetition.jsonl"
+    e2e_project(
+        pytester,
+        """
 [specsel.run]
 concurrency = [1]
 num_prompts = 4

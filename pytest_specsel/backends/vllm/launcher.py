@@ -26,6 +26,7 @@ import psutil
 
 from pytest_specsel.core.protocol import LaunchError
 from pytest_specsel.core.protocol import LaunchSpec
+from pytest_specsel.core.protocol import ServeCommand
 from pytest_specsel.core.records import Device
 from pytest_specsel.core.records import SpeculativeConfig
 
@@ -34,6 +35,7 @@ __all__ = [
     "VllmLauncher",
     "VllmServer",
     "build_serve_argv",
+    "launch_env",
     "group_members",
     "speculative_config_json",
 ]
@@ -95,11 +97,15 @@ def build_serve_argv(command: tuple[str, ...], spec: LaunchSpec, port: int) -> l
     return argv
 
 
-def serve_env(spec: LaunchSpec) -> dict[str, str]:
-    env = dict(os.environ)
-    # Counters reach /metrics on a stats interval; a short one avoids false zeros in short runs.
-    env.setdefault("VLLM_LOG_STATS_INTERVAL", "1")
-    env.setdefault("HF_HUB_OFFLINE", "1")
+def launch_env(spec: LaunchSpec, inherited: Mapping[str, str]) -> dict[str, str]:
+    """The environment variables the launcher sets for ``vllm serve``, at the values the
+    server gets (an inherited value wins where only a default is set): what a deployment
+    must set to start the server that was measured."""
+    env = {
+        # Counters reach /metrics on a stats interval; a short one avoids false zeros in short runs.
+        "VLLM_LOG_STATS_INTERVAL": inherited.get("VLLM_LOG_STATS_INTERVAL", "1"),
+        "HF_HUB_OFFLINE": inherited.get("HF_HUB_OFFLINE", "1"),
+    }
     if spec.sleep_mode:
         env["VLLM_SERVER_DEV_MODE"] = "1"  # serves /sleep and /wake_up
     if spec.device is Device.CPU:
@@ -112,14 +118,27 @@ def serve_env(spec: LaunchSpec) -> dict[str, str]:
     return env
 
 
+def serve_env(spec: LaunchSpec) -> dict[str, str]:
+    return {**os.environ, **launch_env(spec, os.environ)}
+
+
 class VllmServer:
     """A running ``vllm serve`` process group."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], base_url: str, log_path: Path, argv: list[str]) -> None:
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        base_url: str,
+        log_path: Path,
+        argv: list[str],
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.proc = proc
         self.base_url = base_url
         self.log_path = log_path
         self.argv = argv
+        port = argv.index("--port") + 1 if "--port" in argv else None
+        self.command = ServeCommand(tuple(argv), dict(env or {}), port)
 
     def pids(self) -> list[int]:
         return [self.proc.pid]
@@ -228,9 +247,10 @@ class VllmLauncher:
             return self._start(spec, first=False)
 
     def _start(self, spec: LaunchSpec, first: bool) -> VllmServer:
-        env = serve_env(spec)
+        own = launch_env(spec, os.environ)
         if not first:
-            env["VLLM_DISABLE_COMPILE_CACHE"] = "1"
+            own["VLLM_DISABLE_COMPILE_CACHE"] = "1"
+        env = {**os.environ, **own}
         _install_cleanup()
         port = free_port()
         argv = build_serve_argv(self.command, spec, port)
@@ -241,7 +261,8 @@ class VllmLauncher:
                     b"\n[specsel] the server's interpreter crashed while starting; starting it once more "
                     b"with vLLM's compile cache bypassed (VLLM_DISABLE_COMPILE_CACHE=1)\n"
                 )
-            log.write(("$ " + " ".join(argv) + "\n").encode())
+            # the line a person can paste into a shell: what the launcher set, then the argv
+            log.write(f"$ {ServeCommand(tuple(argv), own).shell_line()}\n".encode())
             log.flush()
             proc = subprocess.Popen(
                 argv,
@@ -251,7 +272,7 @@ class VllmLauncher:
                 env=env,
                 start_new_session=True,
             )
-        server = VllmServer(proc, f"http://127.0.0.1:{port}", spec.log_path, argv)
+        server = VllmServer(proc, f"http://127.0.0.1:{port}", spec.log_path, argv, own)
         _LIVE.add(server)
         try:
             self._wait_ready(server, spec)

@@ -52,6 +52,8 @@ try:
                 yield from flat(a)
     out["methods"] = sorted(set(flat(getattr(spec, "SpeculativeMethod", typing.Literal[()]))))
     out["mtp_model_types"] = sorted(set(flat(getattr(spec, "MTPModelTypes", typing.Literal[()]))))
+    fields = getattr(spec.SpeculativeConfig, "__dataclass_fields__", None) or {}
+    out["per_batch_size_schedule"] = "num_speculative_tokens_per_batch_size" in fields
     from vllm.engine.arg_utils import EngineArgs
     out["has_speculative_config"] = "speculative_config" in {f.name for f in dataclasses.fields(EngineArgs)}
     from vllm.platforms import current_platform
@@ -260,4 +262,5 @@ def probe_vllm(device: Device | str, override: str | None = None, timeout_s: flo
         runtime=runtime,
         error=error,
         method_problems=_method_problems(data, data.get("vllm_version")),
+        per_batch_size_schedule=data.get("per_batch_size_schedule"),
     )
