@@ -180,7 +180,7 @@ class TestLifecycle:
 
 
 def test_root_cause_is_the_first_exception_not_the_wrapper(tmp_path):
-    from pytest_specsel.backends.vllm.launcher import root_cause
+    from pytest_specsel.backends.vllm.serverlog import root_cause
 
     log = tmp_path / "g.log"
     log.write_text(

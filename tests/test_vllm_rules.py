@@ -2,8 +2,8 @@
 
 import pytest
 
-from pytest_specsel.backends.vllm.launcher import loaded_mismatch
 from pytest_specsel.backends.vllm.probe import _method_problems
+from pytest_specsel.backends.vllm.serverlog import loaded_mismatch
 from pytest_specsel.core.gating import backend_gate
 from pytest_specsel.core.protocol import Capability
 from pytest_specsel.core.records import Device

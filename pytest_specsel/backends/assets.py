@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pytest_specsel.backends import models
+from pytest_specsel.core.checkpoints import MTP_KEYS
 from pytest_specsel.core.families import BASELINE_FAMILY
 from pytest_specsel.core.families import family_contract
 from pytest_specsel.core.protocol import AssetFacts
@@ -108,6 +109,12 @@ def _estimate(
     )
 
 
+def _mtp_layers(config: dict[str, object]) -> dict[str, object]:
+    """The target's config cut to its MTP layers: their KV shares the server's pool."""
+    layers = next((config[k] for k in MTP_KEYS if isinstance(config.get(k), int) and config[k]), 1)
+    return {**config, "num_hidden_layers": layers}
+
+
 def inspect_assets(study: Study, candidate: Candidate, capability: Capability, rootdir: Path) -> AssetFacts:
     """Resolve and check what a candidate needs, statically (nothing is launched)."""
     target_ref = candidate.target or study.target_model
@@ -131,8 +138,13 @@ def inspect_assets(study: Study, candidate: Candidate, capability: Capability, r
     elif kind is AssetKind.PAIRED_CHECKPOINT:
         asset, ready, compatible, found = _proposer(candidate, target, target_ref, study, rootdir)
         details.update(found)
-    estimate, how = _estimate(
-        study, capability.device, [target.path] + ([asset.path] if asset else []), config
+    folders = [target.path] + ([asset.path] if asset else [])
+    estimate, how = _estimate(study, capability.device, folders, config)
+    kv_configs = [config, *([models.read_json(asset.path / "config.json")] if asset else [])]
+    if kind is AssetKind.TARGET_NATIVE and has_mtp:
+        kv_configs.append(_mtp_layers(config))
+    needs = models.memory_needs(
+        folders, kv_configs, study.backend.dtype, RUNTIME_ALLOWANCE_GB[capability.device]
     )
     details["capacity"] = f"estimated {how}; budget {limit_gb:.2f} GB"
     return AssetFacts(
@@ -146,4 +158,5 @@ def inspect_assets(study: Study, candidate: Candidate, capability: Capability, r
         estimated_memory_gb=estimate,
         memory_limit_gb=limit_gb,
         details=details,
+        memory_needs=needs,
     )

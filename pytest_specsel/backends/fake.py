@@ -91,6 +91,10 @@ class _Handle:
     def pids(self) -> list[int]:
         return []
 
+    @property
+    def stopped_pids(self) -> tuple[int, ...]:
+        return ()
+
     def log_tail(self, lines: int = 40) -> str:
         return f"fake log of {self.group}"
 
@@ -157,7 +161,7 @@ class _Prober:
             )
         return self.world.assets.get(candidate.group, default)
 
-    def wait_released(self, timeout_s: float) -> bool:
+    def wait_released(self, timeout_s: float, pids: Sequence[int] = ()) -> bool:
         return True
 
 

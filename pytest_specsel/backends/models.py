@@ -22,6 +22,7 @@ from typing import Any
 from pytest_specsel.core import checkpoints
 from pytest_specsel.core.checkpoints import MTP_KEYS
 from pytest_specsel.core.checkpoints import CheckpointIdentity
+from pytest_specsel.core.placement import MemoryNeeds
 from pytest_specsel.core.records import PairCheck
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "cache_dirs",
     "check_pair",
     "estimate_memory_gb",
+    "memory_needs",
     "identify",
     "native_mtp",
     "read_json",
@@ -279,6 +281,28 @@ def kv_bytes_per_token(config: Mapping[str, Any], serve_dtype: str) -> int | Non
     if not (layers and heads and head_dim):
         return None
     return int(2 * layers * heads * head_dim * _SERVE_BYTES.get(serve_dtype, 2))
+
+
+def memory_needs(
+    weight_folders: Iterable[Path],
+    kv_configs: Iterable[Mapping[str, Any]],
+    serve_dtype: str,
+    overhead_gb: float,
+) -> MemoryNeeds | None:
+    """A server's memory apart from its KV cache (weights at the serving dtype + overhead)
+    and its KV bytes per token, summed over every model whose layers keep KV in the
+    server's pool (the target's config, and a drafter's where it has its own layers); None
+    when a folder has no safetensors headers or a config names no attention shape."""
+    weights = 0
+    for folder in weight_folders:
+        size = safetensors_weight_bytes(folder, serve_dtype)
+        if size is None:
+            return None
+        weights += size
+    per_token = [kv_bytes_per_token(c, serve_dtype) for c in kv_configs]
+    if not per_token or any(p is None for p in per_token):
+        return None
+    return MemoryNeeds(weights / 2**30 + overhead_gb, sum(p for p in per_token if p is not None))
 
 
 def estimate_memory_gb(

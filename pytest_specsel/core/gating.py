@@ -10,6 +10,8 @@ from packaging.version import InvalidVersion
 from packaging.version import Version
 
 from pytest_specsel.core.families import family_contract
+from pytest_specsel.core.placement import NO_PLAN
+from pytest_specsel.core.placement import MemoryPlan
 from pytest_specsel.core.protocol import AssetFacts
 from pytest_specsel.core.protocol import Capability
 from pytest_specsel.core.records import AdmissionFacts
@@ -102,12 +104,21 @@ def co_residence(
     capability: Capability,
     study: Study,
     sleep_mode: bool = False,
+    memory: MemoryPlan | None = None,
+    name: str = "",
 ) -> tuple[Pairing, str, bool]:
-    """Whether a candidate's server can run beside its baseline's (both estimates counted
-    against the device's memory), so that their rounds interleave; where they do not fit
-    and the backend's servers can sleep, they interleave with the idle one asleep; else
-    sequential. Returns (pairing, why, sleeping)."""
-    pairing, why = _fit(baseline_gb, candidate_gb, capability, study)
+    """Whether a candidate's server can run beside its baseline's, so that their rounds
+    interleave; where they do not fit and the backend's servers can sleep, they interleave
+    with the idle one asleep; else sequential. Returns (pairing, why, sleeping).
+
+    On a GPU each server takes its own share of the device and vLLM checks at start that the
+    device's free memory covers it, so two servers share a device only with the track's
+    memory plan (``core/placement.py``) and only where ``name`` fits beside the baseline in
+    it; on a CPU both estimates are counted against the host's memory."""
+    if capability.device is Device.CUDA:
+        pairing, why = _fit_shares(memory or NO_PLAN, name, study)
+    else:
+        pairing, why = _fit(baseline_gb, candidate_gb, capability, study)
     if pairing is Pairing.SEQUENTIAL and sleep_mode:
         return (
             Pairing.INTERLEAVED,
@@ -115,6 +126,30 @@ def co_residence(
             True,
         )
     return pairing, why, False
+
+
+def _fit_shares(plan: MemoryPlan, name: str, study: Study) -> tuple[Pairing, str]:
+    budget = study.backend.gpu_memory_utilization
+    if plan.kv_tokens is None or plan.baseline is None:
+        return Pairing.SEQUENTIAL, (
+            "on a GPU each server needs its own share of the device, and the memory the two "
+            "need apart from their KV caches is not known (or leaves no room for the KV both "
+            "need): the baseline's rounds run before the candidate's, so drift between them "
+            "is not controlled"
+        )
+    mine = plan.servers.get(name)
+    if name in plan.beside and mine is not None:
+        total = plan.baseline.utilization + mine.utilization
+        return Pairing.INTERLEAVED, (
+            f"both servers fit with their own shares: {plan.baseline.utilization:.3f} + "
+            f"{mine.utilization:.3f} = {total:.3f} of the device <= {budget:.2f}, "
+            f"{plan.kv_tokens} KV tokens each"
+        )
+    return Pairing.SEQUENTIAL, (
+        f"the two servers do not fit together with {plan.kv_tokens} KV tokens each within "
+        f"{budget:.2f} of the device: the baseline's rounds run before the candidate's, so "
+        "drift between them is not controlled"
+    )
 
 
 def _fit(

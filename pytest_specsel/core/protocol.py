@@ -9,6 +9,7 @@ import dataclasses
 import shlex
 from collections.abc import Callable
 from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from typing import Protocol
@@ -18,6 +19,8 @@ from pytest_specsel.core.measurement import ClientLoad
 from pytest_specsel.core.measurement import MemoryReading
 from pytest_specsel.core.measurement import RequestRecord
 from pytest_specsel.core.measurement import ServerCounters
+from pytest_specsel.core.placement import MemoryNeeds
+from pytest_specsel.core.placement import ServerMemory
 from pytest_specsel.core.records import Device
 from pytest_specsel.core.records import SpeculativeConfig
 from pytest_specsel.core.study import Backend
@@ -86,6 +89,9 @@ class Capability:
     #: the backend takes a per-batch-size proposal-length schedule (vLLM's SpeculativeConfig
     #: ``num_speculative_tokens_per_batch_size``); None: not probed
     per_batch_size_schedule: bool | None = None
+    #: the backend takes a KV cache size in bytes per server (vLLM --kv-cache-memory-bytes),
+    #: so co-resident servers get equal KV capacity exactly; None: not probed
+    kv_cache_memory_bytes: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -108,6 +114,9 @@ class AssetFacts:
     #: the backend has no path for this candidate with this target (e.g. no MTP model for
     #: the target's architecture): admission says unsupported, with this reason
     backend_problem: str | None = None
+    #: its server's memory apart from the KV cache, and a KV token's bytes (None: unknown);
+    #: co-resident servers split a device by it (``core/placement.py``)
+    memory_needs: MemoryNeeds | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -125,6 +134,8 @@ class LaunchSpec:
     sleep_mode: bool = False
     #: the CPU cores its compute threads are bound to (empty: the backend's own choice)
     cpu_cores: tuple[int, ...] = ()
+    #: its share of a device it shares with another server (None: the study's whole share)
+    memory: ServerMemory | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -152,6 +163,12 @@ class ServerHandle(Protocol):
         ...
 
     def pids(self) -> list[int]: ...
+
+    @property
+    def stopped_pids(self) -> tuple[int, ...]:
+        """Its processes as they were when ``stop`` began (empty before a stop): what may
+        still hold device memory after it."""
+        ...
 
     def log_tail(self, lines: int = 40) -> str: ...
 
@@ -250,8 +267,9 @@ class Prober(Protocol):
 
     def inspect(self, study: Study, candidate: Candidate, capability: Capability) -> AssetFacts: ...
 
-    def wait_released(self, timeout_s: float) -> bool:
-        """After a stop: wait until device memory is back (GPU); True when it is."""
+    def wait_released(self, timeout_s: float, pids: Sequence[int] = ()) -> bool:
+        """After a stop: wait until none of that server's processes (``pids``) holds device
+        memory (GPU), whatever else runs there; True when none does."""
         ...
 
 

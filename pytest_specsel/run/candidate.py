@@ -16,6 +16,7 @@ from collections.abc import Callable
 from collections.abc import Mapping
 from pathlib import Path
 
+from pytest_specsel.core.placement import ServerMemory
 from pytest_specsel.core.protocol import BackendBundle
 from pytest_specsel.core.protocol import LaunchError
 from pytest_specsel.core.protocol import ServeCommand
@@ -62,6 +63,8 @@ class BaselinePlan:
     unavailable: str
     #: the track's own results measured before, by scenario key (sequential pairing reuses them)
     have: Mapping[str, ScenarioResult] = dataclasses.field(default_factory=dict)
+    #: its share of the device it shares with the candidate's server (None: the study's)
+    memory: ServerMemory | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -82,6 +85,8 @@ class CandidateWork:
     baseline: BaselinePlan | None = None
     #: where it runs: ``"local"`` in a serial run
     placement: str = "local"
+    #: its server's share of the device (None: the study's whole share)
+    memory: ServerMemory | None = None
 
     @property
     def name(self) -> str:
@@ -156,7 +161,8 @@ class CandidateRun:
         log_path = self._paths.log(name)
         own = name == self.name and not self.work.candidate.is_baseline
         role = Role.CANDIDATE if own else Role.BASELINE
-        handle, elapsed = self._servers.start(name, target, speculative, log_path, role)
+        memory = self.work.memory if name == self.name else self._base().memory
+        handle, elapsed = self._servers.start(name, target, speculative, log_path, role, memory)
         self._launch[name] = (elapsed, log_path, handle.command)
         return handle
 

@@ -14,12 +14,16 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from collections.abc import Iterable
 from collections.abc import Mapping
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pytest_specsel.core.gating import co_residence
+from pytest_specsel.core.placement import NO_PLAN
+from pytest_specsel.core.placement import MemoryPlan
+from pytest_specsel.core.placement import track_memory
 from pytest_specsel.core.protocol import BackendBundle
 from pytest_specsel.core.protocol import LaunchError
 from pytest_specsel.core.records import Device
@@ -73,6 +77,7 @@ class Selection:
         self._real, self._device, self._hint, self._say = real, device, dry_run_hint, say
         self._timings: dict[str, float] = {}
         self._capability: Any = None
+        self._memory: dict[str, MemoryPlan] = {}
         self._states: dict[str, CandidateState] = {}
         self._context = MeasureContext(study, paths.root.parent, paths.label, {}, None)
         self._servers = ServerPool(bundle, study, device, say)
@@ -153,16 +158,27 @@ class Selection:
         if state.candidate.is_baseline:
             return work
         g0 = self._states[self._baseline_name()]
+        plan = self._memory_plan(state.track)
         pairing, state.pairing_reason, sleeping = co_residence(
             g0.assets.estimated_memory_gb if g0.assets else None,
             state.assets.estimated_memory_gb if state.assets else None,
             self._capability,
             self.study,
             self._bundle.sleep_mode,
+            plan,
+            name,
         )
+        base = dataclasses.replace(self._baseline_plan(state), memory=plan.baseline)
         return dataclasses.replace(
-            work, pairing=pairing, sleeping=sleeping, baseline=self._baseline_plan(state)
+            work, pairing=pairing, sleeping=sleeping, baseline=base, memory=plan.servers.get(name)
         )
+
+    def _memory_plan(self, track: str) -> MemoryPlan:
+        """The track's split of one device, computed once (see :func:`device_split`)."""
+        if track not in self._memory:
+            g0 = self._states[self._baseline_name()]
+            self._memory[track] = device_split(self._capability, self.study, g0, self._states.values(), track)
+        return self._memory[track]
 
     def _baseline_plan(self, state: CandidateState) -> BaselinePlan:
         g0 = self._states[self._baseline_name()]
@@ -328,3 +344,28 @@ class Selection:
 
 def _slug(text: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in text)[-60:]
+
+
+def device_split(
+    cap: Any, study: Study, g0: CandidateState, states: Iterable[CandidateState], track: str
+) -> MemoryPlan:
+    """One track's split of one device (CUDA only; the baseline's own track only): every
+    server of the track the same KV capacity, enough for ``max_model_len`` at the highest
+    concurrency, and each its own share; NO_PLAN where the memory needs are not known."""
+    if cap is None or cap.device is not Device.CUDA or not cap.device_memory_mb or track != g0.track:
+        return NO_PLAN
+    speculative = {
+        s.name: s.assets.memory_needs if s.assets else None
+        for s in states
+        if s.track == track
+        and not s.candidate.is_baseline
+        and s.run_status in (RunStatus.RUNNABLE, RunStatus.COMPLETED)
+    }
+    return track_memory(
+        cap.device_memory_mb / 1024,
+        study.backend.gpu_memory_utilization,
+        study.backend.max_model_len * max(study.concurrency),
+        g0.assets.memory_needs if g0.assets else None,
+        speculative,
+        bool(cap.kv_cache_memory_bytes),
+    )

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from pathlib import Path
 
+from pytest_specsel.core.placement import ServerMemory
 from pytest_specsel.core.protocol import BackendBundle
 from pytest_specsel.core.protocol import LaunchSpec
 from pytest_specsel.core.protocol import ServerHandle
@@ -55,6 +56,7 @@ class ServerPool:
         speculative: SpeculativeConfig | None,
         log_path: Path,
         role: Role = Role.CANDIDATE,
+        memory: ServerMemory | None = None,
     ) -> tuple[ServerHandle, float]:
         """Start and wait until ready; returns the handle and the seconds it took.
 
@@ -72,8 +74,10 @@ class ServerPool:
             self._device,
             self._bundle.sleep_mode,
             cores,
+            memory,
         )
         bound = f", compute on cores {','.join(map(str, cores))}" if cores else ""
+        bound += f", {memory.describe()}" if memory else ""
         self._say(f"[specsel] {name}: starting server (log {log_path}{bound})")
         t0 = time.monotonic()
         handle = self._bundle.launcher.start(spec)
@@ -92,7 +96,7 @@ class ServerPool:
             return
         t0 = time.monotonic()
         handle.stop()
-        released = self._bundle.prober.wait_released(timeout_s=120.0)
+        released = self._bundle.prober.wait_released(120.0, handle.stopped_pids)
         self.timings[f"{name}.server_stop_s"] = time.monotonic() - t0
         self._say(
             f"[specsel] {name}: server stopped" + ("" if released else " (device memory not yet released)")

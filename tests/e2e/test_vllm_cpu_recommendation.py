@@ -1,4 +1,4 @@
-"""End to end: a study with a looser latency budget, under which n-gram is accepted on the
+"""End to end: a study with looser latency budgets, under which n-gram is accepted on the
 repetition workload, recommends it; the ``vllm serve`` command taken from the handoff, run as
 it is (``python -m pytest_specsel serve-command ... --exec``, on a free port), starts a server
 whose engine configuration line and ``/metrics`` show the method and K that were measured.
@@ -16,8 +16,8 @@ import pytest
 
 from pytest_specsel.backends.vllm.launcher import VllmServer
 from pytest_specsel.backends.vllm.launcher import free_port
-from pytest_specsel.backends.vllm.launcher import loaded_speculative
 from pytest_specsel.backends.vllm.probe import resolve_vllm_command
+from pytest_specsel.backends.vllm.serverlog import loaded_speculative
 from pytest_specsel.backends.vllm.telemetry import PrometheusScraper
 from pytest_specsel.files.report_recommendation import serve_command
 from pytest_specsel.files.report_recommendation import shell_line
@@ -39,9 +39,11 @@ max_tokens = 48
 rounds = 3
 max_rounds = 4
 [specsel.gates]
-# looser than the default 1.10: n-gram's slower first token (about 1.3-1.6x here) is
-# acceptable; the other gates stay at their defaults
+# looser than the defaults (1.10 and 1.05): n-gram's slower first token (about 1.3-1.6x here)
+# and its E2E p95 (a CI run measured its upper bound at 1.32x, undecided against 1.05) are
+# acceptable; this test is about the recommended command, not the latency budget
 max_ttft_regression_ratio = 3.0
+max_e2e_p95_regression_ratio = 3.0
 """
 
 

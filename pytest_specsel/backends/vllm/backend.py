@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterable
+from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_specsel.backends.assets import inspect_assets
@@ -63,20 +65,30 @@ class VllmProber:
                 return dataclasses.replace(facts, backend_problem=self._mtp[key])
         return facts
 
-    def wait_released(self, timeout_s: float) -> bool:
-        if self.device is not Device.CUDA:
+    def wait_released(self, timeout_s: float, pids: Sequence[int] = ()) -> bool:
+        if self.device is not Device.CUDA or not pids:
             return True
         import pynvml
 
         pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            # No compute process left on the device means the server's memory is back.
-            if not pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                return True
-            time.sleep(1.0)
-        return False
+        try:
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            deadline = time.monotonic() + timeout_s
+            while True:
+                # That server's processes gone from every device; a server beside it may run on.
+                on_device = (p.pid for h in handles for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h))
+                if not holding(pids, on_device):
+                    return True
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(1.0)
+        finally:
+            pynvml.nvmlShutdown()
+
+
+def holding(pids: Iterable[int], on_device: Iterable[int]) -> bool:
+    """Whether any of a stopped server's processes is still among a device's processes."""
+    return not set(pids).isdisjoint(on_device)
 
 
 class _LazyLauncher:

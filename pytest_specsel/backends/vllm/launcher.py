@@ -1,8 +1,9 @@
 """vLLM as a backend: the ``vllm serve`` lifecycle and vLLM's launch words.
 
-The plugin never imports vllm (the probe is ``vllm_probe.py``). The launcher runs
-``vllm serve`` from an argv list, bound to 127.0.0.1 on a free port, in its own process
-group, logging to a file; stop terminates the group, waits, then kills.
+The plugin never imports vllm (the probe is ``probe.py``; what a server log says,
+``serverlog.py``). The launcher runs ``vllm serve`` from an argv list, bound to 127.0.0.1 on
+a free port, in its own process group, logging to a file; stop terminates the group, waits,
+then kills.
 ``speculative_config_json`` turns the core's neutral speculative config into vLLM's
 ``--speculative-config`` object.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -24,6 +24,9 @@ from typing import Any
 import httpx
 import psutil
 
+from pytest_specsel.backends.vllm.serverlog import loaded_mismatch
+from pytest_specsel.backends.vllm.serverlog import log_text
+from pytest_specsel.backends.vllm.serverlog import root_cause
 from pytest_specsel.core.protocol import LaunchError
 from pytest_specsel.core.protocol import LaunchSpec
 from pytest_specsel.core.protocol import ServeCommand
@@ -83,7 +86,10 @@ def build_serve_argv(command: tuple[str, ...], spec: LaunchSpec, port: int) -> l
         "0",
     ]
     if spec.device is Device.CUDA:
-        argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
+        share = spec.memory.utilization if spec.memory else s.gpu_memory_utilization
+        argv += ["--gpu-memory-utilization", str(share)]
+        if spec.memory is not None and spec.memory.kv_cache_bytes is not None:
+            argv += ["--kv-cache-memory-bytes", str(spec.memory.kv_cache_bytes)]
     if s.enforce_eager:
         argv.append("--enforce-eager")
     if spec.sleep_mode:
@@ -139,9 +145,14 @@ class VllmServer:
         self.argv = argv
         port = argv.index("--port") + 1 if "--port" in argv else None
         self.command = ServeCommand(tuple(argv), dict(env or {}), port)
+        self._stopped_pids: tuple[int, ...] = ()
 
     def pids(self) -> list[int]:
         return [self.proc.pid]
+
+    @property
+    def stopped_pids(self) -> tuple[int, ...]:
+        return self._stopped_pids
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -159,6 +170,7 @@ class VllmServer:
 
     def stop(self, grace_s: float = 30.0) -> None:
         """Terminate the whole group, wait, then kill what is left. Idempotent."""
+        self._stopped_pids = self._stopped_pids or (self.proc.pid, *group_members(self.proc.pid))
         if self.proc.poll() is None:
             _signal_group(self.proc.pid, signal.SIGTERM)
             try:
@@ -242,7 +254,7 @@ class VllmLauncher:
         try:
             return self._start(spec, first=True)
         except LaunchError as exc:
-            if not any(m in exc.log_tail or m in _log_text(spec.log_path) for m in CRASH_MARKERS):
+            if not any(m in exc.log_tail or m in log_text(spec.log_path) for m in CRASH_MARKERS):
                 raise
             return self._start(spec, first=False)
 
@@ -315,77 +327,6 @@ class VllmLauncher:
 
 #: an interpreter crash while starting (not a configuration error): worth one more start
 CRASH_MARKERS = ("Fatal Python error", "Segmentation fault")
-
-
-def _log_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
-
-
-_EXCEPTION_LINE = re.compile(r"\b([A-Za-z_][A-Za-z0-9_.]*(?:Error|Exception)): (.+)")
-
-
-def root_cause(log_path: Path) -> str:
-    """The first exception a server log reports (vLLM prints the worker's cause first and
-    wraps it in later, vaguer errors), or "unknown"."""
-    try:
-        lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return "unknown (no log)"
-    for line in lines[1:]:  # the first line is our own argv
-        match = _EXCEPTION_LINE.search(line)
-        if match and "WARNING" not in line:
-            return f"{match.group(1)}: {match.group(2)[:300]}"
-    return "unknown"
-
-
-#: what the engine says it loaded, in its "Initializing a V1 LLM engine ... with config:" line
-_LOADED = re.compile(
-    r"speculative_config=(?:None|SpeculativeConfig\(method='(?P<method>[^']*)', "
-    r"model=(?:None|'(?P<model>[^']*)'), num_spec_tokens=(?P<k>\d+)\))"
-)
-
-
-def loaded_speculative(log_path: Path) -> tuple[str, str | None, int] | None | str:
-    """(method, model, k) the engine reports it loaded; None for no speculative config;
-    "unknown" when the log has no engine config line."""
-    try:
-        text = log_path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return "unknown"
-    match = _LOADED.search(text)
-    if match is None:
-        return "unknown"
-    if match.group("method") is None:
-        return None
-    return match.group("method"), match.group("model"), int(match.group("k"))
-
-
-def loaded_mismatch(log_path: Path, asked: SpeculativeConfig | None) -> str | None:
-    """Did vLLM load what was asked? vLLM decides the method partly from the proposer's
-    path and architecture (a draft model in a folder named "eagle-..." becomes an EAGLE
-    head), so a candidate could otherwise run as another mechanism under its label."""
-    loaded = loaded_speculative(log_path)
-    if loaded == "unknown":
-        return None  # older or quieter vLLM: nothing to compare with
-    if asked is None:
-        return None if loaded is None else f"vLLM loaded speculative config {loaded} for a target-only server"
-    if loaded is None or isinstance(loaded, str):
-        return "vLLM loaded no speculative config although one was passed"
-    method, model, k = loaded
-    if asked.method is not None and method != asked.method:
-        return (
-            f"vLLM loaded method {method!r} (proposer {model!r}), not the {asked.method!r} this candidate "
-            "asked for: vLLM decides the method partly from the checkpoint's path and architecture; "
-            "rename the proposer folder or fix the candidate's method"
-        )
-    if k != asked.num_speculative_tokens:
-        return f"vLLM loaded num_spec_tokens={k}, not the {asked.num_speculative_tokens} asked for"
-    if asked.proposer_path is not None and model is not None and Path(model) != Path(asked.proposer_path):
-        return f"vLLM loaded proposer {model!r}, not {asked.proposer_path!r}"
-    return None
 
 
 def _ready(client: httpx.Client, base_url: str, served_name: str) -> bool:

@@ -55,7 +55,9 @@ try:
     fields = getattr(spec.SpeculativeConfig, "__dataclass_fields__", None) or {}
     out["per_batch_size_schedule"] = "num_speculative_tokens_per_batch_size" in fields
     from vllm.engine.arg_utils import EngineArgs
-    out["has_speculative_config"] = "speculative_config" in {f.name for f in dataclasses.fields(EngineArgs)}
+    engine_fields = {f.name for f in dataclasses.fields(EngineArgs)}
+    out["has_speculative_config"] = "speculative_config" in engine_fields
+    out["kv_cache_memory_bytes"] = "kv_cache_memory_bytes" in engine_fields
     from vllm.platforms import current_platform
     out["platform"] = str(getattr(current_platform, "device_type", "") or "")
     from vllm.triton_utils import HAS_TRITON
@@ -263,4 +265,5 @@ def probe_vllm(device: Device | str, override: str | None = None, timeout_s: flo
         error=error,
         method_problems=_method_problems(data, data.get("vllm_version")),
         per_batch_size_schedule=data.get("per_batch_size_schedule"),
+        kv_cache_memory_bytes=data.get("kv_cache_memory_bytes"),
     )

@@ -1,0 +1,134 @@
+"""How servers that share one device split its memory (pure).
+
+vLLM checks at start that the device's free memory covers its own share,
+``total * gpu_memory_utilization``, and refuses to start otherwise ("Free memory on device
+... is less than desired GPU memory utilization": ``request_memory`` in vLLM 0.32's
+``v1/worker/utils.py``); the share is per server, not for the device. Two servers on one
+device therefore each get their own share, and the shares add up to at most the study's
+budget (``gpu_memory_utilization``). Equal bytes are not equal capacity: a drafter whose
+layers keep their KV in the server's pool (an EAGLE head, a draft model, MTP layers) takes
+blocks from it, so every server of a track gets the same KV capacity in **tokens**, sized
+here and passed as ``--kv-cache-memory-bytes`` where the backend has it (vLLM 0.32's
+``determine_available_memory`` then reserves exactly that and skips its profiling).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from collections.abc import Sequence
+
+__all__ = [
+    "GIB",
+    "MemoryNeeds",
+    "MemoryPlan",
+    "NO_PLAN",
+    "ServerMemory",
+    "common_kv_tokens",
+    "server_memory",
+    "track_memory",
+]
+
+GIB = 2**30
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MemoryNeeds:
+    """One server's memory on a device apart from its KV cache, and what a KV token costs it."""
+
+    #: weights (target and proposer at the serving dtype) plus the runtime allowance, GB
+    fixed_gb: float
+    #: bytes per token of every attention layer whose KV lives in the server's pool
+    kv_bytes_per_token: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerMemory:
+    """One server's share of its device: what its argv carries."""
+
+    #: the fraction of the device's total memory it may take (vLLM --gpu-memory-utilization)
+    utilization: float
+    #: its KV cache in bytes (vLLM --kv-cache-memory-bytes; None: the backend sizes it)
+    kv_cache_bytes: int | None
+    #: the KV capacity it was sized for, in tokens (the same for every server of a track)
+    kv_tokens: int
+
+    def describe(self) -> str:
+        kv = f", KV {self.kv_cache_bytes / GIB:.2f} GB" if self.kv_cache_bytes is not None else ""
+        return f"utilization {self.utilization:.3f}{kv} for {self.kv_tokens} KV tokens"
+
+
+#: each share is rounded up to 0.001 of the device: two of them take this much more
+ROUNDING = 0.002
+
+
+def _pair_tokens(device_gb: float, budget: float, a: MemoryNeeds, b: MemoryNeeds) -> int:
+    """The most KV tokens each of two servers on one device can hold, the same for both."""
+    free = (budget - ROUNDING) * device_gb - a.fixed_gb - b.fixed_gb
+    per_token = a.kv_bytes_per_token + b.kv_bytes_per_token
+    return max(0, math.floor(free * GIB / per_token)) if per_token > 0 else 0
+
+
+def common_kv_tokens(
+    device_gb: float,
+    budget: float,
+    needed_tokens: int,
+    baseline: MemoryNeeds,
+    candidates: Sequence[MemoryNeeds],
+) -> tuple[int | None, tuple[bool, ...]]:
+    """The KV capacity every server of a track gets, and per candidate whether it fits beside
+    the baseline with it: the largest capacity that every candidate able to hold
+    ``needed_tokens`` beside the baseline still holds (None when none can)."""
+    pair = [_pair_tokens(device_gb, budget, baseline, c) for c in candidates]
+    fitting = [t for t in pair if t >= needed_tokens]
+    if not fitting:
+        return None, tuple(False for _ in candidates)
+    tokens = min(fitting)
+    return tokens, tuple(t >= needed_tokens for t in pair)
+
+
+def server_memory(device_gb: float, needs: MemoryNeeds, kv_tokens: int, explicit_kv: bool) -> ServerMemory:
+    """A server's share for ``kv_tokens`` of KV: its fixed part plus the tokens' bytes, as a
+    fraction of the device rounded up to 0.001 (vLLM checks the share's bytes at start)."""
+    kv_bytes = kv_tokens * needs.kv_bytes_per_token
+    share = (needs.fixed_gb + kv_bytes / GIB) / device_gb
+    return ServerMemory(math.ceil(share * 1000) / 1000, kv_bytes if explicit_kv else None, kv_tokens)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MemoryPlan:
+    """Every server of one track on one device: the same KV capacity, each its own share."""
+
+    kv_tokens: int | None
+    baseline: ServerMemory | None
+    #: per candidate (one that fits beside the baseline, or alone within the budget)
+    servers: Mapping[str, ServerMemory]
+    #: the candidates whose server fits beside the baseline's with that capacity
+    beside: frozenset[str]
+
+
+NO_PLAN = MemoryPlan(None, None, {}, frozenset())
+
+
+def track_memory(
+    device_gb: float,
+    budget: float,
+    needed_tokens: int,
+    baseline: MemoryNeeds | None,
+    candidates: Mapping[str, MemoryNeeds | None],
+    explicit_kv: bool,
+) -> MemoryPlan:
+    """The plan for a track: the KV capacity (``common_kv_tokens``) and each server's share;
+    a candidate that does not fit beside the baseline runs alone with the same capacity
+    where that fits the budget (else it keeps the study's share, and no plan entry)."""
+    known = {n: c for n, c in candidates.items() if c is not None}
+    if baseline is None or not known:
+        return NO_PLAN
+    tokens, fits = common_kv_tokens(device_gb, budget, needed_tokens, baseline, list(known.values()))
+    if tokens is None:
+        return NO_PLAN
+    servers = {n: server_memory(device_gb, c, tokens, explicit_kv) for n, c in known.items()}
+    beside = frozenset(n for n, fit in zip(known, fits, strict=True) if fit)
+    alone = {n: m for n, m in servers.items() if n in beside or m.utilization <= budget}
+    return MemoryPlan(tokens, server_memory(device_gb, baseline, tokens, explicit_kv), alone, beside)
