@@ -584,38 +584,46 @@ def test_prefix_cache_counters_are_read_beside_the_spec_counters():
     assert (counters.queue_time_s, counters.queued_count) == (0.2, 4.0)
 
 
-def test_nvml_memory_counts_only_the_servers_own_processes_on_every_device(monkeypatch):
-    """A co-resident server's memory is not the candidate's; a second device's is."""
-    import types
+class _Handle:
+    def __init__(self, pids, footprint=None):
+        self._pids, self.footprint = pids, footprint
 
+    def pids(self):
+        return self._pids
+
+
+def test_nvml_memory_counts_only_the_servers_own_processes_on_every_device():
+    """A co-resident server's memory is not the candidate's; a second device's is."""
     from pytest_specsel.backends.vllm.telemetry import NvmlMemorySampler
+    from tests.fake_nvml import FakeNvml
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        proc = types.SimpleNamespace
-        table = {
-            0: [
-                proc(pid=os.getpid(), usedGpuMemory=300 * 2**20),
-                proc(pid=999999, usedGpuMemory=5000 * 2**20),
-            ],
-            1: [proc(pid=child.pid, usedGpuMemory=200 * 2**20)],
-        }
-        fake = types.SimpleNamespace(
-            nvmlInit=lambda: None,
-            nvmlDeviceGetCount=lambda: 2,
-            nvmlDeviceGetHandleByIndex=lambda i: i,
-            nvmlDeviceGetComputeRunningProcesses=lambda i: table[i],
-        )
-        monkeypatch.setitem(sys.modules, "pynvml", fake)
-
-        class Handle:
-            def pids(self):
-                return [os.getpid()]
-
-        sampler = NvmlMemorySampler(interval_s=0.05)
-        sampler.start(Handle())
+        table = {0: [(os.getpid(), 300 * 2**20), (999999, 5000 * 2**20)], 1: [(child.pid, 200 * 2**20)]}
+        sampler = NvmlMemorySampler(interval_s=0.05, module=FakeNvml(table))
+        sampler.start(_Handle([os.getpid()]))
         reading = sampler.stop()
         assert reading.measured == "nvml_server_processes" and reading.peak_mb == pytest.approx(500.0)
     finally:
         child.kill()
         child.wait()
+
+
+def test_nvml_memory_in_a_container_falls_back_to_the_device_delta_never_0_mb():
+    """NVML lists host ids (another PID namespace): none is the server's. This read 0.0 MB,
+    and the memory gate passed on it."""
+    from pytest_specsel.backends.vllm.telemetry import NvmlMemorySampler
+    from pytest_specsel.core.placement import DeviceFootprint
+    from tests.fake_nvml import FakeNvml
+
+    held = {0: [(os.getpid(), 3000 * 2**20)]}
+    fake = FakeNvml(held, other_used=1000 * 2**20, foreign=4_000_000)
+    sampler = NvmlMemorySampler(interval_s=0.05, module=fake)
+    sampler.start(_Handle([os.getpid()], DeviceFootprint(before_mb=1000.0, held_mb=3000.0)))
+    reading = sampler.stop()
+    assert reading.measured == "nvml_device_delta" and reading.peak_mb == pytest.approx(3000.0)
+    assert fake.inits == 0  # NVML shut down again
+
+    sampler = NvmlMemorySampler(interval_s=0.05, module=FakeNvml(held, foreign=4_000_000))
+    sampler.start(_Handle([os.getpid()]))  # no footprint: unknown, not 0
+    assert sampler.stop().peak_mb is None

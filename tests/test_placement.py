@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import struct
+import sys
 
 import pytest
 
@@ -11,6 +12,7 @@ from pytest_specsel.backends.vllm.launcher import build_serve_argv
 from pytest_specsel.core.gating import co_residence
 from pytest_specsel.core.placement import GIB
 from pytest_specsel.core.placement import NO_PLAN
+from pytest_specsel.core.placement import DeviceFootprint
 from pytest_specsel.core.placement import MemoryNeeds
 from pytest_specsel.core.placement import server_memory
 from pytest_specsel.core.placement import track_memory
@@ -19,6 +21,7 @@ from pytest_specsel.core.protocol import LaunchSpec
 from pytest_specsel.core.records import Device
 from pytest_specsel.core.records import Pairing
 from pytest_specsel.study.file import load_study
+from tests.fake_nvml import FakeNvml
 
 DEVICE_GB = 80.0
 BASELINE = MemoryNeeds(fixed_gb=17.5, kv_bytes_per_token=160 * 1024)  # an 8B target
@@ -150,28 +153,6 @@ def test_memory_needs_sum_the_weights_and_every_pool_sharing_models_kv(tmp_path)
     assert models.memory_needs([tmp_path / "t"], [{"hidden_size": 8}], "bfloat16", 1.5) is None
 
 
-class FakeNvml:
-    """pynvml's calls that ``wait_released`` makes, over a scripted process table."""
-
-    def __init__(self, devices):
-        self.devices = devices  # per device: a list of pids on it
-
-    def nvmlInit(self):
-        pass
-
-    def nvmlShutdown(self):
-        pass
-
-    def nvmlDeviceGetCount(self):
-        return len(self.devices)
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        return i
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle):
-        return [type("Proc", (), {"pid": pid})() for pid in self.devices[handle]]
-
-
 @pytest.mark.parametrize(
     "devices,released",
     [
@@ -184,6 +165,24 @@ def test_wait_released_waits_for_that_servers_processes_not_an_empty_device(
 ):
     from pytest_specsel.backends.vllm.backend import VllmProber
 
-    monkeypatch.setitem(__import__("sys").modules, "pynvml", FakeNvml(devices))
+    table = {i: [(pid, 2**30) for pid in pids] for i, pids in enumerate(devices)}
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(table))
     prober = VllmProber(Device.CUDA, tmp_path)
     assert prober.wait_released(0.0, (10, 11)) is released
+
+
+@pytest.mark.parametrize(
+    "used_gib,released",
+    [
+        (30, False),  # nothing given back yet (the other server's 10 GiB + this one's 20)
+        (10.1, True),  # its 20 GiB are back; the server beside it runs on
+    ],
+)
+def test_wait_released_in_a_container_waits_for_the_memory_it_held(monkeypatch, tmp_path, used_gib, released):
+    """NVML's ids are the host's: no pid ever matches, so only the used memory can say."""
+    from pytest_specsel.backends.vllm.backend import VllmProber
+
+    fake = FakeNvml({0: [(1, int(used_gib * 2**30))]}, foreign=4_000_000)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    footprint = DeviceFootprint(before_mb=10 * 1024, held_mb=20 * 1024, at_stop_mb=30 * 1024)
+    assert VllmProber(Device.CUDA, tmp_path).wait_released(0.0, (10, 11), footprint) is released

@@ -95,6 +95,10 @@ class _Handle:
     def stopped_pids(self) -> tuple[int, ...]:
         return ()
 
+    @property
+    def footprint(self) -> None:
+        return None
+
     def log_tail(self, lines: int = 40) -> str:
         return f"fake log of {self.group}"
 
@@ -161,7 +165,7 @@ class _Prober:
             )
         return self.world.assets.get(candidate.group, default)
 
-    def wait_released(self, timeout_s: float, pids: Sequence[int] = ()) -> bool:
+    def wait_released(self, timeout_s: float, pids: Sequence[int] = (), footprint: object = None) -> bool:
         return True
 
 

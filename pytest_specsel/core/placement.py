@@ -21,11 +21,13 @@ from collections.abc import Sequence
 
 __all__ = [
     "GIB",
+    "DeviceFootprint",
     "MemoryNeeds",
     "MemoryPlan",
     "NO_PLAN",
     "ServerMemory",
     "common_kv_tokens",
+    "memory_released",
     "server_memory",
     "track_memory",
 ]
@@ -132,3 +134,32 @@ def track_memory(
     beside = frozenset(n for n, fit in zip(known, fits, strict=True) if fit)
     alone = {n: m for n, m in servers.items() if n in beside or m.utilization <= budget}
     return MemoryPlan(tokens, server_memory(device_gb, baseline, tokens, explicit_kv), alone, beside)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeviceFootprint:
+    """A server's mark on its devices' used memory (all tenants' memory, summed over the
+    devices): what tells its memory apart where NVML's process ids are not the server's own
+    (a container in its own PID namespace)."""
+
+    #: used just before it started
+    before_mb: float
+    #: what it added by the time it was ready
+    held_mb: float
+    #: used just before it was stopped (None: not stopped yet)
+    at_stop_mb: float | None = None
+
+
+def release_tolerance_mb(held_mb: float) -> float:
+    """How near the used memory must come to what it should be once a server is gone: 5 % of
+    what the server held, at least 64 MB (allocator slack, another tenant's small change)."""
+    return max(64.0, 0.05 * held_mb)
+
+
+def memory_released(footprint: DeviceFootprint, used_now_mb: float) -> bool:
+    """Whether the memory a stopped server added is back: the used memory has come down by
+    what it held since the stop, whatever the servers beside it hold."""
+    if footprint.at_stop_mb is None:
+        return True
+    expected = footprint.at_stop_mb - footprint.held_mb
+    return used_now_mb <= expected + release_tolerance_mb(footprint.held_mb)

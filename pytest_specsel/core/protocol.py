@@ -19,6 +19,7 @@ from pytest_specsel.core.measurement import ClientLoad
 from pytest_specsel.core.measurement import MemoryReading
 from pytest_specsel.core.measurement import RequestRecord
 from pytest_specsel.core.measurement import ServerCounters
+from pytest_specsel.core.placement import DeviceFootprint
 from pytest_specsel.core.placement import MemoryNeeds
 from pytest_specsel.core.placement import ServerMemory
 from pytest_specsel.core.records import Device
@@ -170,6 +171,11 @@ class ServerHandle(Protocol):
         still hold device memory after it."""
         ...
 
+    @property
+    def footprint(self) -> DeviceFootprint | None:
+        """What it added to its devices' used memory (GPU; None: not read, or not a GPU)."""
+        ...
+
     def log_tail(self, lines: int = 40) -> str: ...
 
     def stop(self) -> None: ...
@@ -267,9 +273,12 @@ class Prober(Protocol):
 
     def inspect(self, study: Study, candidate: Candidate, capability: Capability) -> AssetFacts: ...
 
-    def wait_released(self, timeout_s: float, pids: Sequence[int] = ()) -> bool:
+    def wait_released(
+        self, timeout_s: float, pids: Sequence[int] = (), footprint: DeviceFootprint | None = None
+    ) -> bool:
         """After a stop: wait until none of that server's processes (``pids``) holds device
-        memory (GPU), whatever else runs there; True when none does."""
+        memory (GPU) and, where its ``footprint`` is known, the used memory has come down by
+        what it held, whatever else runs there; True once both hold."""
         ...
 
 

@@ -96,7 +96,7 @@ class ServerPool:
             return
         t0 = time.monotonic()
         handle.stop()
-        released = self._bundle.prober.wait_released(120.0, handle.stopped_pids)
+        released = self._bundle.prober.wait_released(120.0, handle.stopped_pids, handle.footprint)
         self.timings[f"{name}.server_stop_s"] = time.monotonic() - t0
         self._say(
             f"[specsel] {name}: server stopped" + ("" if released else " (device memory not yet released)")

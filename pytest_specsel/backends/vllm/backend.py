@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_specsel.backends.assets import inspect_assets
+from pytest_specsel.backends.devices import Nvml
 from pytest_specsel.backends.host import ProcessHostSampler
 from pytest_specsel.backends.vllm.client import HttpBenchClient
 from pytest_specsel.backends.vllm.launcher import TELEMETRY_ORIGIN
@@ -22,6 +23,8 @@ from pytest_specsel.backends.vllm.telemetry import NvmlMemorySampler
 from pytest_specsel.backends.vllm.telemetry import ProcessTreeRssSampler
 from pytest_specsel.backends.vllm.telemetry import PrometheusScraper
 from pytest_specsel.core.families import family_contract
+from pytest_specsel.core.placement import DeviceFootprint
+from pytest_specsel.core.placement import memory_released
 from pytest_specsel.core.protocol import AssetFacts
 from pytest_specsel.core.protocol import BackendBundle
 from pytest_specsel.core.protocol import Capability
@@ -65,25 +68,23 @@ class VllmProber:
                 return dataclasses.replace(facts, backend_problem=self._mtp[key])
         return facts
 
-    def wait_released(self, timeout_s: float, pids: Sequence[int] = ()) -> bool:
-        if self.device is not Device.CUDA or not pids:
+    def wait_released(
+        self, timeout_s: float, pids: Sequence[int] = (), footprint: DeviceFootprint | None = None
+    ) -> bool:
+        if self.device is not Device.CUDA or not (pids or footprint):
             return True
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        with Nvml() as nvml:
             deadline = time.monotonic() + timeout_s
             while True:
-                # That server's processes gone from every device; a server beside it may run on.
-                on_device = (p.pid for h in handles for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h))
-                if not holding(pids, on_device):
+                # That server's processes gone from every device, and (where NVML's ids are
+                # not ours: a container) the memory it added given back; a server beside it
+                # may run on.
+                gone = not holding(pids, nvml.processes())
+                if gone and (footprint is None or memory_released(footprint, nvml.used_mb())):
                     return True
                 if time.monotonic() >= deadline:
                     return False
                 time.sleep(1.0)
-        finally:
-            pynvml.nvmlShutdown()
 
 
 def holding(pids: Iterable[int], on_device: Iterable[int]) -> bool:

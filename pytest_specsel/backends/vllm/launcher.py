@@ -11,6 +11,7 @@ then kills.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import os
 import signal
@@ -24,9 +25,12 @@ from typing import Any
 import httpx
 import psutil
 
+from pytest_specsel.backends.devices import footprint_after
+from pytest_specsel.backends.devices import used_before
 from pytest_specsel.backends.vllm.serverlog import loaded_mismatch
 from pytest_specsel.backends.vllm.serverlog import log_text
 from pytest_specsel.backends.vllm.serverlog import root_cause
+from pytest_specsel.core.placement import DeviceFootprint
 from pytest_specsel.core.protocol import LaunchError
 from pytest_specsel.core.protocol import LaunchSpec
 from pytest_specsel.core.protocol import ServeCommand
@@ -146,9 +150,15 @@ class VllmServer:
         port = argv.index("--port") + 1 if "--port" in argv else None
         self.command = ServeCommand(tuple(argv), dict(env or {}), port)
         self._stopped_pids: tuple[int, ...] = ()
+        #: its mark on the GPUs' used memory (set by the launcher on CUDA once it is ready)
+        self.device_footprint: DeviceFootprint | None = None
 
     def pids(self) -> list[int]:
         return [self.proc.pid]
+
+    @property
+    def footprint(self) -> DeviceFootprint | None:
+        return self.device_footprint
 
     @property
     def stopped_pids(self) -> tuple[int, ...]:
@@ -170,7 +180,11 @@ class VllmServer:
 
     def stop(self, grace_s: float = 30.0) -> None:
         """Terminate the whole group, wait, then kill what is left. Idempotent."""
-        self._stopped_pids = self._stopped_pids or (self.proc.pid, *group_members(self.proc.pid))
+        if not self._stopped_pids:
+            self._stopped_pids = (self.proc.pid, *group_members(self.proc.pid))
+            if self.device_footprint is not None:
+                at_stop = used_before()
+                self.device_footprint = dataclasses.replace(self.device_footprint, at_stop_mb=at_stop)
         if self.proc.poll() is None:
             _signal_group(self.proc.pid, signal.SIGTERM)
             try:
@@ -266,6 +280,7 @@ class VllmLauncher:
         _install_cleanup()
         port = free_port()
         argv = build_serve_argv(self.command, spec, port)
+        before = used_before() if spec.device is Device.CUDA else None
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         with spec.log_path.open("wb" if first else "ab") as log:
             if not first:
@@ -291,6 +306,7 @@ class VllmLauncher:
         except BaseException:
             server.stop(grace_s=10)
             raise
+        server.device_footprint = footprint_after(before)
         return server
 
     def _wait_ready(self, server: VllmServer, spec: LaunchSpec) -> None:

@@ -11,10 +11,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from collections.abc import Iterable
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from pytest_specsel.backends.devices import Nvml
 from pytest_specsel.backends.host import process_tree
 from pytest_specsel.core.measurement import MemoryReading
 from pytest_specsel.core.measurement import ServerCounters
@@ -188,25 +190,48 @@ class NvmlMemorySampler(_Sampler):
     """Peak device memory (MB) of the server's own processes on every GPU, through NVML
     (``nvidia-ml-py``): the compute processes of each device whose PID is in the server's
     process tree, summed. A co-resident baseline is not counted in a candidate, and a
-    tensor-parallel server's other devices are."""
+    tensor-parallel server's other devices are.
+
+    Where none of NVML's processes is in the tree (a container in its own PID namespace
+    lists the host's ids) the reading falls back to the devices' used memory less what was
+    used before the server started (its footprint), and says so (``measured``): never 0 MB
+    for a server that holds memory. That delta holds whatever started after it too (a
+    co-resident server started later): the evidence flags such a pair."""
 
     measured = "nvml_server_processes"
 
+    def __init__(self, interval_s: float = 0.2, module: Any = None) -> None:
+        super().__init__(interval_s)
+        self._module = module
+        self._nvml: Nvml | None = None
+
     def start(self, handle: ServerHandle) -> None:
         import psutil
-        import pynvml
 
-        pynvml.nvmlInit()
-        devices = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        nvml = Nvml(self._module).__enter__()
         roots = [psutil.Process(pid) for pid in handle.pids()]
+        footprint = handle.footprint
 
         def read() -> float | None:
             tree = {p.pid for p in process_tree(roots)}
-            used = 0
-            for device in devices:
-                for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(device):
-                    if proc.pid in tree and proc.usedGpuMemory is not None:
-                        used += int(proc.usedGpuMemory)
-            return used / (1024 * 1024) if tree else None
+            if not tree:
+                return None
+            listed = nvml.processes()
+            ours = [mb for pid, mb in listed.items() if pid in tree]
+            if ours:
+                self.measured = "nvml_server_processes"
+                return sum(ours)
+            if footprint is None:
+                return None  # not attributable: unknown, never 0
+            self.measured = "nvml_device_delta"
+            return max(0.0, nvml.used_mb() - footprint.before_mb)
 
+        self._nvml = nvml
         self._begin(read)
+
+    def stop(self) -> MemoryReading:
+        reading = super().stop()
+        if self._nvml is not None:
+            self._nvml.__exit__(None, None, None)
+            self._nvml = None
+        return reading
