@@ -186,3 +186,35 @@ def test_wait_released_in_a_container_waits_for_the_memory_it_held(monkeypatch, 
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     footprint = DeviceFootprint(before_mb=10 * 1024, held_mb=20 * 1024, at_stop_mb=30 * 1024)
     assert VllmProber(Device.CUDA, tmp_path).wait_released(0.0, (10, 11), footprint) is released
+
+
+@pytest.mark.parametrize(
+    "line,tokens",
+    [
+        (
+            "INFO 12-05 kv_cache_utils.py:1234] GPU KV cache size: 1,234,560 tokens, Maximum concurrency",
+            1234560,
+        ),
+        ("(EngineCore pid=7) INFO [kv_cache_utils.py] CPU KV cache size: 43,680 tokens, Maximum", 43680),
+        ("INFO nothing about the cache here", None),
+    ],
+)
+def test_the_kv_capacity_is_read_back_from_the_server_log(tmp_path, line, tokens):
+    from pytest_specsel.backends.vllm.serverlog import kv_cache_tokens
+
+    log = tmp_path / "server.log"
+    log.write_text("$ vllm serve ...\n" + line + "\n")
+    assert kv_cache_tokens(log) == tokens
+
+
+def test_residence_is_said_apart_from_pairing():
+    from pytest_specsel.core.placement import Residence
+    from pytest_specsel.core.placement import kv_capacity
+    from pytest_specsel.core.placement import residence_of
+
+    assert residence_of(Pairing.INTERLEAVED, sleeping=False) is Residence.CO_RESIDENT
+    assert residence_of(Pairing.INTERLEAVED, sleeping=True) is Residence.SLEEP_INTERLEAVED
+    assert residence_of(Pairing.SEQUENTIAL, sleeping=False) is Residence.ALONE
+    assert residence_of(None, sleeping=False) is None
+    assert kv_capacity(4096, 4096, 4096)["differ"] is False
+    assert kv_capacity(None, 4096, None)["differ"] is None

@@ -219,6 +219,24 @@ class TestServers:
         summary = json.loads((p.path / "results" / "seq" / "groups" / "g1_ngram.json").read_text())
         assert summary["pairing"] == "sequential" and "do not fit together" in summary["pairing_reason"]
         assert summary["scenarios"]["general-c1"]["evidence"]["pairing"] == "sequential"
+        assert summary["residence"] == "alone"
+
+    def test_a_pair_says_where_its_servers_were_and_whether_their_kv_capacities_differ(self, project):
+        p = project(
+            "{'g0_target_only': FakeScript(kv_tokens=4096), 'g1_ngram': FakeScript(token_s=0.005, kv_tokens=3968)}"
+        )
+        p.runpytest("--specsel-cpu", "--specsel-label", "kv", "-k", "general-c1").assert_outcomes(
+            passed=2, skipped=4, deselected=18
+        )
+        summary = json.loads((p.path / "results" / "kv" / "groups" / "g1_ngram.json").read_text())
+        assert summary["pairing"] == "interleaved" and summary["residence"] == "co_resident"
+        # the fake's servers were not sized (CPU): each reported its own capacity
+        assert summary["kv_capacity"] == {
+            "baseline": 4096,
+            "candidate": 3968,
+            "planned": None,
+            "differ": True,
+        }
 
     def test_deselected_baseline_is_still_measured_for_its_candidate(self, project):
         p = project("{'g1_ngram': FakeScript(token_s=0.005)}")
@@ -699,6 +717,7 @@ class TestRounds:
         assert "sleep g1_ngram" in events and events[-1] == "max_awake=1"
         summary = json.loads((p.path / "results" / "zz" / "groups" / "g1_ngram.json").read_text())
         assert summary["pairing"] == "interleaved" and "sleep mode" in summary["pairing_reason"]
+        assert summary["residence"] == "sleep_interleaved"
 
     def test_a_pair_with_a_disturbed_round_is_measured_again_and_the_evidence_says_so(self, project):
         # the candidate's second client run (pair 2's round) sees the host busy elsewhere

@@ -67,6 +67,8 @@ class FakeScript:
     #: with log-probabilities asked for: this server ranks the divergent token " (changed)"
     #: this many nats below its own choice (None: not among its top alternatives)
     tie_gap: float | None = None
+    #: the KV capacity in tokens its server reports (None: it does not say)
+    kv_tokens: int | None = None
     #: seconds each measured request waits in the server's queue
     queue_wait_s: float = 0.0
     #: on these (1-based) client runs of the group the host was busy elsewhere (half its CPU)
@@ -98,6 +100,9 @@ class _Handle:
     @property
     def footprint(self) -> None:
         return None
+
+    def kv_cache_tokens(self) -> int | None:
+        return self.world.script(self.group).kv_tokens
 
     def log_tail(self, lines: int = 40) -> str:
         return f"fake log of {self.group}"

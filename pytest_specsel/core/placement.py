@@ -15,9 +15,13 @@ here and passed as ``--kv-cache-memory-bytes`` where the backend has it (vLLM 0.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from collections.abc import Mapping
 from collections.abc import Sequence
+from typing import Any
+
+from pytest_specsel.core.records import Pairing
 
 __all__ = [
     "GIB",
@@ -25,14 +29,28 @@ __all__ = [
     "MemoryNeeds",
     "MemoryPlan",
     "NO_PLAN",
+    "Residence",
     "ServerMemory",
     "common_kv_tokens",
+    "kv_capacity",
+    "residence_of",
     "memory_released",
     "server_memory",
     "track_memory",
 ]
 
 GIB = 2**30
+
+
+class Residence(enum.StrEnum):
+    """Where a pair's two servers were while its rounds ran (``Pairing`` says when)."""
+
+    #: both servers up and awake on the same device(s), each its own share
+    CO_RESIDENT = "co_resident"
+    #: both up, the idle one asleep (sleep mode level 1) during the other's rounds
+    SLEEP_INTERLEAVED = "sleep_interleaved"
+    #: one server at a time: the baseline's rounds, then the candidate's
+    ALONE = "alone"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -163,3 +181,25 @@ def memory_released(footprint: DeviceFootprint, used_now_mb: float) -> bool:
         return True
     expected = footprint.at_stop_mb - footprint.held_mb
     return used_now_mb <= expected + release_tolerance_mb(footprint.held_mb)
+
+
+def residence_of(pairing: Pairing | None, sleeping: bool) -> Residence | None:
+    """Where a pair's servers were while it ran, from how its rounds were ordered."""
+    if pairing is None:
+        return None
+    if pairing is Pairing.SEQUENTIAL:
+        return Residence.ALONE
+    return Residence.SLEEP_INTERLEAVED if sleeping else Residence.CO_RESIDENT
+
+
+def kv_capacity(baseline: int | None, candidate: int | None, planned: int | None) -> dict[str, Any]:
+    """Both sides' KV capacity in tokens as their servers reported it, what they were sized
+    for, and whether they differ (None: a side did not say). A pair whose capacities differ
+    compares a server that can batch more with one that can batch less."""
+    known = baseline is not None and candidate is not None
+    return {
+        "baseline": baseline,
+        "candidate": candidate,
+        "planned": planned,
+        "differ": (baseline != candidate) if known else None,
+    }

@@ -122,6 +122,11 @@ class CandidateState:
     pairing_reason: str | None = None
     #: interleaved with the idle server asleep (sleep mode), because both do not fit awake
     sleeping: bool = False
+    #: the KV capacity in tokens its server and its baseline's reported (None: not said), and
+    #: the capacity both were sized for (None: not sized, each the backend's own)
+    kv_tokens: int | None = None
+    baseline_kv_tokens: int | None = None
+    planned_kv_tokens: int | None = None
     log_path: Path | None = None
     #: how its server was started (the recommendation's runnable command)
     command: ServeCommand | None = None

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_specsel.core.measurement import Round
+from pytest_specsel.core.placement import kv_capacity
+from pytest_specsel.core.placement import residence_of
 from pytest_specsel.core.recommendation import recommend
 from pytest_specsel.core.records import Reason
 from pytest_specsel.core.records import Verdict
@@ -130,6 +132,8 @@ def group_document(
         "speculative_config": dict(state.launch_config) if state.launch_config else None,
         "pairing": state.pairing.value if state.pairing else None,
         "pairing_reason": state.pairing_reason,
+        "residence": residence.value if (residence := residence_of(state.pairing, state.sleeping)) else None,
+        "kv_capacity": kv_capacity(state.baseline_kv_tokens, state.kv_tokens, state.planned_kv_tokens),
         "run_status": state.run_status.value,
         "failure": state.failure,
         "backend_log": relative(state.log_path, header.root),

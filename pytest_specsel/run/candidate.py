@@ -116,6 +116,9 @@ class CandidateResult:
     baseline_command: ServeCommand | None
     timings: Mapping[str, float]
     interrupted: bool
+    #: the KV capacity in tokens its server and the baseline's reported (None: not said)
+    kv_tokens: int | None = None
+    baseline_kv_tokens: int | None = None
 
 
 class CandidateRun:
@@ -138,7 +141,7 @@ class CandidateRun:
         self._baselines: dict[str, ScenarioResult] = {}
         self._failure: str | None = None
         self._launch_failed = False
-        self._launch: dict[str, tuple[float, Path, ServeCommand | None]] = {}
+        self._launch: dict[str, tuple[float, Path, ServeCommand | None, int | None]] = {}
         self._baseline_failure: str | None = None
 
     @property
@@ -163,7 +166,7 @@ class CandidateRun:
         role = Role.CANDIDATE if own else Role.BASELINE
         memory = self.work.memory if name == self.name else self._base().memory
         handle, elapsed = self._servers.start(name, target, speculative, log_path, role, memory)
-        self._launch[name] = (elapsed, log_path, handle.command)
+        self._launch[name] = (elapsed, log_path, handle.command, handle.kv_cache_tokens())
         return handle
 
     # -- open ------------------------------------------------------------------------
@@ -308,12 +311,14 @@ class CandidateRun:
             launch_s=own[0] if own else None,
             log_path=own[1] if own else None,
             command=own[2] if own else None,
+            kv_tokens=own[3] if own else None,
             scenarios=dict(self._scenarios),
             baselines=dict(self._baselines),
             baseline_failure=self._baseline_failure,
             baseline_launch_s=theirs[0] if theirs else None,
             baseline_log_path=theirs[1] if theirs else None,
             baseline_command=theirs[2] if theirs else None,
+            baseline_kv_tokens=theirs[3] if theirs else None,
             timings={**self._meter.timings, **self._servers.timings_of(self.name, base)},
             interrupted=self._meter.interrupted,
         )

@@ -78,6 +78,8 @@ class Selection:
         self._timings: dict[str, float] = {}
         self._capability: Any = None
         self._memory: dict[str, MemoryPlan] = {}
+        #: the KV capacity in tokens each track's baseline server reported
+        self._baseline_kv: dict[str, int] = {}
         self._states: dict[str, CandidateState] = {}
         self._context = MeasureContext(study, paths.root.parent, paths.label, {}, None)
         self._servers = ServerPool(bundle, study, device, say)
@@ -205,6 +207,7 @@ class Selection:
         state.scenarios.update(result.scenarios)
         if result.launch_s is not None:
             state.launch_s, state.log_path, state.command = result.launch_s, result.log_path, result.command
+            state.kv_tokens = result.kv_tokens
         if result.failure is not None:
             state.failure = result.failure
         if result.launch_failed:
@@ -213,6 +216,11 @@ class Selection:
         self._timings.update(result.timings)
         track = state.track
         self._baselines.setdefault(track, {}).update(result.baselines)
+        own_kv = result.kv_tokens if state.candidate.is_baseline else result.baseline_kv_tokens
+        if own_kv is not None:
+            self._baseline_kv[track] = own_kv
+        if not state.candidate.is_baseline:
+            state.baseline_kv_tokens = self._baseline_kv.get(track)
         owner = self._states.get(self._track_server(track))  # G0's state; a second track's has none
         if owner is None or owner is state:
             return
@@ -240,6 +248,7 @@ class Selection:
         work = self.work(name)
         state = self._states[name]
         state.pairing, state.sleeping = work.pairing, work.sleeping
+        state.planned_kv_tokens = work.memory.kv_tokens if work.memory else None
         run = self._runs[name] = CandidateRun(work, self._context, self._bundle, self._servers, self._say)
         try:
             run.open()

@@ -27,6 +27,7 @@ import psutil
 
 from pytest_specsel.backends.devices import footprint_after
 from pytest_specsel.backends.devices import used_before
+from pytest_specsel.backends.vllm.serverlog import kv_cache_tokens
 from pytest_specsel.backends.vllm.serverlog import loaded_mismatch
 from pytest_specsel.backends.vllm.serverlog import log_text
 from pytest_specsel.backends.vllm.serverlog import root_cause
@@ -163,6 +164,9 @@ class VllmServer:
     @property
     def stopped_pids(self) -> tuple[int, ...]:
         return self._stopped_pids
+
+    def kv_cache_tokens(self) -> int | None:
+        return kv_cache_tokens(self.log_path)
 
     def log_tail(self, lines: int = 40) -> str:
         try:

