@@ -132,13 +132,21 @@ def group_document(
         "speculative_config": dict(state.launch_config) if state.launch_config else None,
         "pairing": state.pairing.value if state.pairing else None,
         "pairing_reason": state.pairing_reason,
-        "residence": residence.value if (residence := residence_of(state.pairing, state.sleeping)) else None,
-        "kv_capacity": kv_capacity(state.baseline_kv_tokens, state.kv_tokens, state.planned_kv_tokens),
+        **_residence(state),
         "run_status": state.run_status.value,
         "failure": state.failure,
         "backend_log": relative(state.log_path, header.root),
         "server_start_s": state.launch_s,
         "scenarios": {v.scenario: v.to_json() for v in views},
+    }
+
+
+def _residence(state: CandidateState) -> dict[str, Any]:
+    """Where its pair's servers were, and their KV capacity (group summary and manifest)."""
+    residence = residence_of(state.pairing, state.sleeping)
+    return {
+        "residence": residence.value if residence else None,
+        "kv_capacity": kv_capacity(state.baseline_kv_tokens, state.kv_tokens, state.planned_kv_tokens),
     }
 
 
@@ -176,6 +184,7 @@ def manifest_document(
                 # e.g. "toy: trained for minutes on CPU; ..." for the repo's own proposers
                 "proposer_quality": s.assets.details.get("proposer_quality") if s.assets else None,
                 "summary_path": f"groups/{s.name}.json",
+                **_residence(s),
                 "backend_log": relative(s.log_path, header.root),
                 "raw_paths": [relative(r.raw_path, header.root) for r in s.scenarios.values()],
             }
