@@ -83,7 +83,10 @@ class TestLifecycle:
             "num_speculative_tokens": 5,
             "prompt_lookup_min": 3,
         }
-        assert "--enforce-eager" in argv and "--gpu-memory-utilization" not in argv
+        # compiled by default (a GPU user's CUDA graphs); eager where the study says so
+        assert "--enforce-eager" not in argv and "--gpu-memory-utilization" not in argv
+        eager = dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, enforce_eager=True))
+        assert "--enforce-eager" in build_serve_argv(("vllm",), eager, 1234)
 
     def test_start_waits_for_health_and_models_then_stop_kills_the_whole_group(self, spec, tmp_path):
         server = VllmLauncher((sys.executable, FAKE), poll_s=0.1).start(spec)

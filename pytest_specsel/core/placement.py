@@ -35,6 +35,7 @@ __all__ = [
     "kv_capacity",
     "residence_of",
     "memory_released",
+    "release_tolerance_mb",
     "server_memory",
     "track_memory",
 ]

@@ -53,7 +53,8 @@ DEFAULTS: dict[str, Any] = {
         "dtype": "bfloat16",
         "max_model_len": 2048,
         "gpu_memory_utilization": 0.80,
-        "enforce_eager": True,
+        # compiled (CUDA graphs on), as a GPU serves speculative decoding; eager stays a study key
+        "enforce_eager": False,
         "cpu_kvcache_space_gb": 2,
         "cpu_reserved_cores": -1,
         "cpu_bind": "vllm",

@@ -19,6 +19,8 @@ served_name = "smol"
 dtype = "float32"
 max_model_len = 1024
 cpu_kvcache_space_gb = 1
+# eager, as before the default became compiled: a server starts in about 40 s, not 2 minutes
+enforce_eager = true
 [specsel.workloads]
 repetition = "workloads/speculative_repetition.jsonl"
 """

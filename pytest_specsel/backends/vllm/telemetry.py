@@ -21,6 +21,7 @@ from pytest_specsel.backends.host import process_tree
 from pytest_specsel.core.measurement import MemoryReading
 from pytest_specsel.core.measurement import ServerCounters
 from pytest_specsel.core.measurement import SpecCounters
+from pytest_specsel.core.placement import release_tolerance_mb
 from pytest_specsel.core.protocol import ServerHandle
 
 __all__ = [
@@ -196,7 +197,8 @@ class NvmlMemorySampler(_Sampler):
     lists the host's ids) the reading falls back to the devices' used memory less what was
     used before the server started (its footprint), and says so (``measured``): never 0 MB
     for a server that holds memory. That delta holds whatever started after it too (a
-    co-resident server started later): the evidence flags such a pair."""
+    co-resident server started later): a delta above what the server itself added says
+    so (``nvml_device_delta_shared``)."""
 
     measured = "nvml_server_processes"
 
@@ -223,8 +225,13 @@ class NvmlMemorySampler(_Sampler):
                 return sum(ours)
             if footprint is None:
                 return None  # not attributable: unknown, never 0
-            self.measured = "nvml_device_delta"
-            return max(0.0, nvml.used_mb() - footprint.before_mb)
+            delta = max(0.0, nvml.used_mb() - footprint.before_mb)
+            # more than it added by the time it was ready: a server started after it (a
+            # co-resident candidate) is inside the delta, which cannot separate the two
+            shared = delta > footprint.held_mb + release_tolerance_mb(footprint.held_mb)
+            if self.measured != "nvml_device_delta_shared":
+                self.measured = "nvml_device_delta_shared" if shared else "nvml_device_delta"
+            return delta
 
         self._nvml = nvml
         self._begin(read)
