@@ -88,6 +88,15 @@ class TestLifecycle:
         eager = dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, enforce_eager=True))
         assert "--enforce-eager" in build_serve_argv(("vllm",), eager, 1234)
 
+    def test_every_server_gets_the_studys_scheduler_limits_or_vllms_default(self, spec):
+        assert "--max-num-seqs" not in build_serve_argv(("vllm",), spec, 1234)
+        limits = dataclasses.replace(spec.settings, max_num_seqs=16, max_num_batched_tokens=4096)
+        baseline = dataclasses.replace(spec, settings=limits, speculative=None, name="g0_target_only")
+        candidate = dataclasses.replace(spec, settings=limits)
+        for argv in (build_serve_argv(("vllm",), s, 1234) for s in (baseline, candidate)):
+            assert argv[argv.index("--max-num-seqs") + 1] == "16"
+            assert argv[argv.index("--max-num-batched-tokens") + 1] == "4096"
+
     def test_start_waits_for_health_and_models_then_stop_kills_the_whole_group(self, spec, tmp_path):
         server = VllmLauncher((sys.executable, FAKE), poll_s=0.1).start(spec)
         engines = engine_pids(tmp_path)
@@ -169,7 +178,10 @@ class TestLifecycle:
         """)
         )
         env = {**os.environ, "FAKE_VLLM_PIDFILE": str(tmp_path / "pids")}
-        proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+        # SIGINT as in a terminal: a job a non-interactive shell starts with & inherits SIGINT
+        # ignored, and Python then never raises KeyboardInterrupt (the test hung 30 s so)
+        proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
         line = proc.stdout.readline()
         assert line.startswith("LEADER"), line
         leader = int(line.split()[1])

@@ -174,6 +174,11 @@ def test_each_listed_proposal_length_is_a_candidate_of_its_own(tmp_path):
         ('[specsel.strategies.g2_mtp]\nfamily = "medusa"\n', 2, "unknown speculative family 'medusa'"),
         ("[specsel.run]\nrounds = 4\nmax_rounds = 3\n", 3, "run.max_rounds: 3 must be >= run.rounds (4)"),
         ("[specsel.run]\nconfidence = 1.0\n", 2, "run.confidence: 1.0 must lie in [0.5, 1)"),
+        (
+            "[specsel.backend]\nmax_num_seqs = -4\n",
+            2,
+            "backend.max_num_seqs: -4 must be >= 1, or 0 for vLLM's",
+        ),
         ('[specsel.candidates.G7]\nfamily = "ngram"\n', 1, "must use a-z, 0-9 and '_'"),
         (
             "[specsel.strategies.g1_ngram]\nnum_speculative_tokens = [3, 3]\n",

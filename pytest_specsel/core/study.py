@@ -61,6 +61,8 @@ DEFAULTS: dict[str, Any] = {
         "startup_timeout_s": 900.0,
         "request_timeout_s": 180.0,
         "extra_args": [],
+        "max_num_seqs": 0,
+        "max_num_batched_tokens": 0,
     },
     # Default paths that read a file are package data (PACKAGE_DATA), not the study's folder:
     # only a path the study writes is taken relative to the study file.
@@ -175,6 +177,10 @@ class Backend:
     startup_timeout_s: float
     request_timeout_s: float
     extra_args: tuple[str, ...]
+    #: the scheduler limits every server gets, baseline and candidates alike (0: not passed,
+    #: vLLM's default for the device and parallel size, the same for both sides of a pair)
+    max_num_seqs: int = 0
+    max_num_batched_tokens: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -98,6 +98,12 @@ def _backend(b: Mapping[str, Any], loc: _Locator) -> Backend:
     def count(key: str) -> int:
         return positive(typed(b[key], int, f"backend.{key}", loc), f"backend.{key}", loc)
 
+    def limit(key: str) -> int:
+        value: int = typed(b[key], int, f"backend.{key}", loc)
+        if value < 0:
+            raise loc.error(f"backend.{key}", f"{value!r} must be >= 1, or 0 for vLLM's default")
+        return value
+
     return Backend(
         dtype=b["dtype"],
         max_model_len=count("max_model_len"),
@@ -108,6 +114,8 @@ def _backend(b: Mapping[str, Any], loc: _Locator) -> Backend:
         cpu_bind=b["cpu_bind"],
         startup_timeout_s=typed(b["startup_timeout_s"], float, "backend.startup_timeout_s", loc),
         request_timeout_s=typed(b["request_timeout_s"], float, "backend.request_timeout_s", loc),
+        max_num_seqs=limit("max_num_seqs"),
+        max_num_batched_tokens=limit("max_num_batched_tokens"),
         extra_args=tuple(extra),
     )
 

@@ -95,6 +95,11 @@ def build_serve_argv(command: tuple[str, ...], spec: LaunchSpec, port: int) -> l
         argv += ["--gpu-memory-utilization", str(share)]
         if spec.memory is not None and spec.memory.kv_cache_bytes is not None:
             argv += ["--kv-cache-memory-bytes", str(spec.memory.kv_cache_bytes)]
+    # the same scheduler limits on both sides of a pair (a study key; else vLLM's default)
+    if s.max_num_seqs:
+        argv += ["--max-num-seqs", str(s.max_num_seqs)]
+    if s.max_num_batched_tokens:
+        argv += ["--max-num-batched-tokens", str(s.max_num_batched_tokens)]
     if s.enforce_eager:
         argv.append("--enforce-eager")
     if spec.sleep_mode:
