@@ -126,9 +126,8 @@ def check(out: Path, fake: bool) -> dict:
     logs = out / "logs"
     launcher = VllmLauncher(FAKE_VLLM, poll_s=0.2)
     with Nvml() as nvml:
-        inventory = [vars(d) if not hasattr(d, "__slots__") else {s: getattr(d, s) for s in d.__slots__}
-                     for d in nvml.inventory()]  # fmt: skip
-    total_gb = inventory[0]["total_mb"] / 1024
+        inventory = nvml.inventory().as_json()
+    total_gb = inventory["units"][0]["total_mb"] / 1024
     old, refusal = _old_argv(launcher, study, logs)
 
     budget = study.backend.gpu_memory_utilization

@@ -8,7 +8,9 @@ Two sources of what the devices hold:
   comes back when a holder's process is gone, as a driver's does.
 
 ``foreign`` adds an offset to every pid listed, as NVML inside a container whose PID
-namespace is not the host's lists ids none of which is ours.
+namespace is not the host's lists ids none of which is ours. ``numa`` (per device) and
+``topology`` (a function of two device indexes giving NVML's level) script an inventory;
+without them the driver "does not support" either call, as many do.
 """
 
 import json
@@ -36,7 +38,10 @@ def _alive(pid):
 class FakeNvml:
     NVMLError = NVMLError
 
-    def __init__(self, table=None, total=80 * GIB, other_used=0, foreign=0, count=None, state_dir=None):
+    def __init__(self, table=None, total=80 * GIB, other_used=0, foreign=0, count=None, state_dir=None,
+                 numa=None, topology=None):  # fmt: skip
+        self.numa = numa
+        self.topology = topology
         self.table = table or {}
         self.total = total
         self.other_used = other_used
@@ -81,6 +86,16 @@ class FakeNvml:
 
     def nvmlDeviceGetName(self, handle):
         return "Fake GPU"
+
+    def nvmlDeviceGetNumaNodeId(self, handle):
+        if self.numa is None:
+            raise NVMLError("Not Supported")
+        return self.numa[handle]
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, a, b):
+        if self.topology is None:
+            raise NVMLError("Not Supported")
+        return self.topology(a, b)
 
     def nvmlDeviceGetMemoryInfo(self, handle):
         used = self.other_used + sum(b for _, b in self._held(handle))

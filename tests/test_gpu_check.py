@@ -19,7 +19,7 @@ def test_the_gpu_check_refuses_the_old_argv_and_starts_the_co_residence_plan(tmp
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((tmp_path / "gpu-check.json").read_text())
     assert report["device"] == "cpu-fake" and report["ok"] is True
-    assert report["inventory"][0]["uuid"] == "GPU-fake-0000"
+    assert report["inventory"]["units"][0]["id"] == "GPU-fake-0000"
     # the old argv: the study's whole share each; vLLM's own refusal, read from the log
     assert report["old_argv_second_start"] == "refused"
     assert "less than desired GPU memory utilization" in report["old_argv_refusal"]

@@ -27,6 +27,8 @@ _PREPARE_HINT = "run `python -m pytest_specsel.embedded.bundled` for the bundled
 
 
 def _memory_limit_gb(study: Study, capability: Capability) -> float:
+    """The budget of one device: the study's ``max_peak_memory_mb`` (per device), within the
+    device's own memory times ``gpu_memory_utilization`` (on CPU: the host's memory)."""
     limit_mb = study.gates.max_peak_memory_mb
     if capability.device_memory_mb:
         share = study.backend.gpu_memory_utilization if capability.device is Device.CUDA else 1.0
@@ -105,7 +107,12 @@ def _estimate(
         return weights + space, f"{how} + KV space {space} GB"
     kv_tokens = study.backend.max_model_len * max(study.concurrency)
     return models.estimate_memory_gb(
-        folders, config, study.backend.dtype, kv_tokens, RUNTIME_ALLOWANCE_GB[device]
+        folders,
+        config,
+        study.backend.dtype,
+        kv_tokens,
+        RUNTIME_ALLOWANCE_GB[device],
+        study.backend.shape.per_replica,
     )
 
 
@@ -143,10 +150,12 @@ def inspect_assets(study: Study, candidate: Candidate, capability: Capability, r
     kv_configs = [config, *([models.read_json(asset.path / "config.json")] if asset else [])]
     if kind is AssetKind.TARGET_NATIVE and has_mtp:
         kv_configs.append(_mtp_layers(config))
+    split = study.backend.shape.per_replica if capability.device is Device.CUDA else 1
     needs = models.memory_needs(
-        folders, kv_configs, study.backend.dtype, RUNTIME_ALLOWANCE_GB[capability.device]
+        folders, kv_configs, study.backend.dtype, RUNTIME_ALLOWANCE_GB[capability.device], split
     )
-    details["capacity"] = f"estimated {how}; budget {limit_gb:.2f} GB"
+    per_device = " per device" if split > 1 else ""
+    details["capacity"] = f"estimated {how}; budget {limit_gb:.2f} GB{per_device}"
     return AssetFacts(
         target_path=str(target.path),
         target_snapshot=target.snapshot,

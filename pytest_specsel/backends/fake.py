@@ -36,6 +36,7 @@ from pytest_specsel.core.protocol import ServerHandle
 from pytest_specsel.core.records import AssetKind
 from pytest_specsel.core.records import Device
 from pytest_specsel.core.records import SpeculativeConfig
+from pytest_specsel.core.slots import Inventory
 from pytest_specsel.core.study import Candidate
 from pytest_specsel.core.study import Study
 
@@ -103,6 +104,10 @@ class _Handle:
 
     def kv_cache_tokens(self) -> int | None:
         return self.world.script(self.group).kv_tokens
+
+    def held_devices(self) -> tuple[list[Any], str]:
+        spec = self.world.launches[self.group]
+        return [*spec.gpus] or list(spec.cpu_cores), "launch_spec"
 
     def log_tail(self, lines: int = 40) -> str:
         return f"fake log of {self.group}"
@@ -333,6 +338,7 @@ def fake_bundle(
     assets: Mapping[str, AssetFacts] | None = None,
     capability_error: str | None = None,
     sleep_mode: bool = False,
+    inventory: Inventory | None = None,
 ) -> tuple[BackendBundle, Any]:
     """A bundle plus its world (``.events``, ``.max_alive``) for assertions."""
     capability = Capability(
@@ -367,6 +373,7 @@ def fake_bundle(
         "fake_counters",
         sleep_mode,
         host,
+        (lambda: inventory) if inventory is not None else None,
     )
     return bundle, world
 

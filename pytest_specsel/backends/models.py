@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import struct
 from collections.abc import Callable
@@ -283,26 +284,41 @@ def kv_bytes_per_token(config: Mapping[str, Any], serve_dtype: str) -> int | Non
     return int(2 * layers * heads * head_dim * _SERVE_BYTES.get(serve_dtype, 2))
 
 
+def _weight_bytes(folders: Iterable[Path], serve_dtype: str) -> tuple[int | None, Path | None]:
+    """All folders' weights at the serving dtype; (None, the folder) when one has no headers."""
+    weights = 0
+    for folder in folders:
+        size = safetensors_weight_bytes(folder, serve_dtype)
+        if size is None:
+            return None, folder
+        weights += size
+    return weights, None
+
+
 def memory_needs(
     weight_folders: Iterable[Path],
     kv_configs: Iterable[Mapping[str, Any]],
     serve_dtype: str,
     overhead_gb: float,
+    devices: int = 1,
 ) -> MemoryNeeds | None:
     """A server's memory apart from its KV cache (weights at the serving dtype + overhead)
     and its KV bytes per token, summed over every model whose layers keep KV in the
     server's pool (the target's config, and a drafter's where it has its own layers); None
-    when a folder has no safetensors headers or a config names no attention shape."""
-    weights = 0
-    for folder in weight_folders:
-        size = safetensors_weight_bytes(folder, serve_dtype)
-        if size is None:
-            return None
-        weights += size
+    when a folder has no safetensors headers or a config names no attention shape.
+
+    :param devices: the devices one replica is split over (TP x PP): each holds its part of
+        the weights and of every token's KV (heads over TP, layers over PP), and the whole
+        runtime overhead; the needs are per device.
+    """
+    weights, _ = _weight_bytes(weight_folders, serve_dtype)
+    if weights is None:
+        return None
     per_token = [kv_bytes_per_token(c, serve_dtype) for c in kv_configs]
     if not per_token or any(p is None for p in per_token):
         return None
-    return MemoryNeeds(weights / 2**30 + overhead_gb, sum(p for p in per_token if p is not None))
+    kv = sum(p for p in per_token if p is not None)
+    return MemoryNeeds(weights / devices / 2**30 + overhead_gb, math.ceil(kv / devices))
 
 
 def estimate_memory_gb(
@@ -311,18 +327,18 @@ def estimate_memory_gb(
     serve_dtype: str,
     kv_tokens: int,
     overhead_gb: float,
+    devices: int = 1,
 ) -> tuple[float | None, str]:
-    """Weights (from headers, at the serving dtype) + KV cache for ``kv_tokens`` + overhead."""
-    weights = 0
-    for folder in weight_folders:
-        size = safetensors_weight_bytes(folder, serve_dtype)
-        if size is None:
-            return None, f"no safetensors headers in {folder}"
-        weights += size
+    """Weights (from headers, at the serving dtype) + KV cache for ``kv_tokens`` + overhead,
+    on each of the ``devices`` one replica is split over (TP x PP)."""
+    weights, missing = _weight_bytes(weight_folders, serve_dtype)
+    if weights is None:
+        return None, f"no safetensors headers in {missing}"
     per_token = kv_bytes_per_token(target_config, serve_dtype) or 0
     kv = per_token * kv_tokens
-    total = (weights + kv) / 2**30 + overhead_gb
-    return total, (
-        f"weights {weights / 2**30:.2f} GB + KV {kv / 2**30:.2f} GB ({kv_tokens} tokens) "
-        f"+ runtime {overhead_gb:.2f} GB = {total:.2f} GB"
-    )
+    total = (weights + kv) / devices / 2**30 + overhead_gb
+    parts = f"weights {weights / 2**30:.2f} GB + KV {kv / 2**30:.2f} GB ({kv_tokens} tokens)"
+    if devices > 1:
+        parts = f"({parts}) / {devices} devices"
+    each = " per device" if devices > 1 else ""
+    return total, f"{parts} + runtime {overhead_gb:.2f} GB = {total:.2f} GB{each}"

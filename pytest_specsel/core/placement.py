@@ -167,6 +167,10 @@ class DeviceFootprint:
     held_mb: float
     #: used just before it was stopped (None: not stopped yet)
     at_stop_mb: float | None = None
+    #: the GPUs it was read on, by UUID (its slot's; empty: every GPU NVML sees)
+    devices: tuple[str, ...] = ()
+    #: each device's used memory before it started (``before_mb`` is their sum)
+    before_per_device_mb: tuple[float, ...] = ()
 
 
 def release_tolerance_mb(held_mb: float) -> float:

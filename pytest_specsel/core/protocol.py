@@ -24,6 +24,7 @@ from pytest_specsel.core.placement import MemoryNeeds
 from pytest_specsel.core.placement import ServerMemory
 from pytest_specsel.core.records import Device
 from pytest_specsel.core.records import SpeculativeConfig
+from pytest_specsel.core.slots import Inventory
 from pytest_specsel.core.study import Backend
 from pytest_specsel.core.study import Candidate
 from pytest_specsel.core.study import Study
@@ -137,6 +138,8 @@ class LaunchSpec:
     cpu_cores: tuple[int, ...] = ()
     #: its share of a device it shares with another server (None: the study's whole share)
     memory: ServerMemory | None = None
+    #: the GPUs of its slot, by UUID (CUDA_VISIBLE_DEVICES; empty: every GPU visible)
+    gpus: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -178,6 +181,11 @@ class ServerHandle(Protocol):
 
     def kv_cache_tokens(self) -> int | None:
         """The KV-cache capacity in tokens its engine reports (None: it does not say)."""
+        ...
+
+    def held_devices(self) -> tuple[list[Any], str]:
+        """The devices it holds, as read back once it is up: GPU UUIDs, or the cores its
+        compute threads are bound to; and how they were read (e.g. "threads_bound")."""
         ...
 
     def log_tail(self, lines: int = 40) -> str: ...
@@ -308,3 +316,6 @@ class BackendBundle:
     sleep_mode: bool = False
     #: reads the host over each measured window (None: not read, no disturbance flags)
     host: Callable[[], HostSampler] | None = None
+    #: reads the devices a run may use, which ``core/slots.py`` cuts into slots (None: no
+    #: slots; the backend places its servers)
+    inventory: Callable[[], Inventory] | None = None

@@ -127,6 +127,10 @@ class CandidateState:
     kv_tokens: int | None = None
     baseline_kv_tokens: int | None = None
     planned_kv_tokens: int | None = None
+    #: the slot and devices its server held, and the baseline's it was paired with
+    #: ({"slot", "worker", "devices", "read"}; None: no server of it ran)
+    held: Mapping[str, Any] | None = None
+    baseline_held: Mapping[str, Any] | None = None
     log_path: Path | None = None
     #: how its server was started (the recommendation's runnable command)
     command: ServeCommand | None = None

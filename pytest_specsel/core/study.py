@@ -15,6 +15,7 @@ from pytest_specsel.core.families import BASELINE_FAMILY
 from pytest_specsel.core.intervals import RoundPolicy
 from pytest_specsel.core.records import Thresholds
 from pytest_specsel.core.records import to_json
+from pytest_specsel.core.slots import ParallelShape
 
 __all__ = [
     "BASELINE_GROUP",
@@ -63,6 +64,10 @@ DEFAULTS: dict[str, Any] = {
         "extra_args": [],
         "max_num_seqs": 0,
         "max_num_batched_tokens": 0,
+        # the target's parallelism: a slot holds TP x PP x DP devices (core/slots.py)
+        "tensor_parallel_size": 1,
+        "pipeline_parallel_size": 1,
+        "data_parallel_size": 1,
     },
     # Default paths that read a file are package data (PACKAGE_DATA), not the study's folder:
     # only a path the study writes is taken relative to the study file.
@@ -181,6 +186,14 @@ class Backend:
     #: vLLM's default for the device and parallel size, the same for both sides of a pair)
     max_num_seqs: int = 0
     max_num_batched_tokens: int = 0
+    #: the target's parallelism, passed to every server (vLLM --tensor-parallel-size ...)
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+
+    @property
+    def shape(self) -> ParallelShape:
+        return ParallelShape(self.tensor_parallel_size, self.pipeline_parallel_size, self.data_parallel_size)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

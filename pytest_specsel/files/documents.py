@@ -20,6 +20,7 @@ from pytest_specsel.core.placement import kv_capacity
 from pytest_specsel.core.placement import residence_of
 from pytest_specsel.core.recommendation import recommend
 from pytest_specsel.core.records import Reason
+from pytest_specsel.core.records import Role
 from pytest_specsel.core.records import Verdict
 from pytest_specsel.core.records import to_json
 from pytest_specsel.core.results import CandidateState
@@ -132,7 +133,7 @@ def group_document(
         "speculative_config": dict(state.launch_config) if state.launch_config else None,
         "pairing": state.pairing.value if state.pairing else None,
         "pairing_reason": state.pairing_reason,
-        **_residence(state),
+        **_where(state),
         "run_status": state.run_status.value,
         "failure": state.failure,
         "backend_log": relative(state.log_path, header.root),
@@ -141,12 +142,19 @@ def group_document(
     }
 
 
-def _residence(state: CandidateState) -> dict[str, Any]:
-    """Where its pair's servers were, and their KV capacity (group summary and manifest)."""
+def _where(state: CandidateState) -> dict[str, Any]:
+    """Where its pair's servers were, their KV capacity, and the slot and devices each held
+    (group summary and manifest)."""
     residence = residence_of(state.pairing, state.sleeping)
+    servers = [(Role.CANDIDATE, state.held)]
+    if state.candidate.is_baseline:
+        servers = [(Role.BASELINE, state.held)]
+    else:
+        servers.insert(0, (Role.BASELINE, state.baseline_held))
     return {
         "residence": residence.value if residence else None,
         "kv_capacity": kv_capacity(state.baseline_kv_tokens, state.kv_tokens, state.planned_kv_tokens),
+        "placement": [{**held, "role": role.value} for role, held in servers if held is not None],
     }
 
 
@@ -184,7 +192,7 @@ def manifest_document(
                 # e.g. "toy: trained for minutes on CPU; ..." for the repo's own proposers
                 "proposer_quality": s.assets.details.get("proposer_quality") if s.assets else None,
                 "summary_path": f"groups/{s.name}.json",
-                **_residence(s),
+                **_where(s),
                 "backend_log": relative(s.log_path, header.root),
                 "raw_paths": [relative(r.raw_path, header.root) for r in s.scenarios.values()],
             }

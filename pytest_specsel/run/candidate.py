@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Callable
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from pytest_specsel.core.placement import ServerMemory
 from pytest_specsel.core.protocol import BackendBundle
@@ -119,6 +120,9 @@ class CandidateResult:
     #: the KV capacity in tokens its server and the baseline's reported (None: not said)
     kv_tokens: int | None = None
     baseline_kv_tokens: int | None = None
+    #: the slot and devices its server and the baseline's held (``ServerPool.held``)
+    held: Mapping[str, Any] | None = None
+    baseline_held: Mapping[str, Any] | None = None
 
 
 class CandidateRun:
@@ -141,7 +145,8 @@ class CandidateRun:
         self._baselines: dict[str, ScenarioResult] = {}
         self._failure: str | None = None
         self._launch_failed = False
-        self._launch: dict[str, tuple[float, Path, ServeCommand | None, int | None]] = {}
+        #: per server it started: (seconds to start, log, command, KV tokens, slot and devices)
+        self._launch: dict[str, tuple[float, Path, ServeCommand | None, int | None, Any]] = {}
         self._baseline_failure: str | None = None
 
     @property
@@ -166,7 +171,13 @@ class CandidateRun:
         role = Role.CANDIDATE if own else Role.BASELINE
         memory = self.work.memory if name == self.name else self._base().memory
         handle, elapsed = self._servers.start(name, target, speculative, log_path, role, memory)
-        self._launch[name] = (elapsed, log_path, handle.command, handle.kv_cache_tokens())
+        self._launch[name] = (
+            elapsed,
+            log_path,
+            handle.command,
+            handle.kv_cache_tokens(),
+            self._servers.held.get(name),
+        )
         return handle
 
     # -- open ------------------------------------------------------------------------
@@ -319,6 +330,8 @@ class CandidateRun:
             baseline_log_path=theirs[1] if theirs else None,
             baseline_command=theirs[2] if theirs else None,
             baseline_kv_tokens=theirs[3] if theirs else None,
+            held=own[4] if own else None,
+            baseline_held=theirs[4] if theirs else None,
             timings={**self._meter.timings, **self._servers.timings_of(self.name, base)},
             interrupted=self._meter.interrupted,
         )

