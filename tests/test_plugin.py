@@ -741,3 +741,73 @@ class TestRounds:
         assert raw["rounds"][0]["queue_wait_s"] == pytest.approx(0.5)
         assert raw["rounds"][0]["flags"] == ["queued_requests"] and raw["baseline_rounds"][0]["flags"] == []
         assert raw["scenario"]["evidence"]["flags"] == ["queued_requests"]
+
+
+PLAN_CONFTEST = """
+from pytest_specsel.backends.devices import Nvml
+from pytest_specsel.backends.fake import fake_bundle
+from pytest_specsel.core.records import Device
+from tests_fake_nvml import FakeNvml
+def pytest_specsel_make_backend(config, device):
+    inventory = None
+    if {with_inventory}:
+        with Nvml(FakeNvml(count=8, numa=[i // 4 for i in range(8)], topology=lambda a, b: 10 if a // 4 == b // 4 else 50)) as nvml:
+            inventory = nvml.inventory()
+    return fake_bundle(inventory=inventory, device=Device.CUDA, device_memory_mb=81920.0)[0]
+"""
+
+
+class TestPlan:
+    """--specsel-plan: what would start, printed; nothing started (issue 23)."""
+
+    def _project(self, project, with_inventory):
+        p = project(study=STUDY + "[specsel.backend]\ntensor_parallel_size = 4\n")
+        p.makeconftest(PLAN_CONFTEST.format(with_inventory=with_inventory))
+        fake_nvml = Path(__file__).with_name("fake_nvml.py").read_text()
+        p.makepyfile(tests_fake_nvml=fake_nvml)
+        return p
+
+    def test_a_plan_prints_the_slots_and_every_servers_argv_and_starts_nothing(self, project):
+        p = self._project(project, True)
+        result = p.runpytest("--specsel-gpu", "--specsel-plan", "--specsel-label", "plan1", "-rs")
+        result.assert_outcomes(skipped=24)
+        out = result.stdout.str()
+        assert "devices: 2 slot(s) of 4 GPUs each from 8" in out
+        assert "slot 1 (cuda NUMA 1): GPU 4 GPU-fake-0004" in out and "(not used by this run)" in out
+        line = next(ln for ln in out.splitlines() if "candidate g1_ngram: CUDA_VISIBLE_DEVICES=" in ln)
+        assert "CUDA_VISIBLE_DEVICES=GPU-fake-0000,GPU-fake-0001,GPU-fake-0002,GPU-fake-0003" in line
+        assert "--tensor-parallel-size 4" in line and "--speculative-config" in line
+        assert "baseline g0_target_only: CUDA_VISIBLE_DEVICES=" in out
+        assert "plan only (--specsel-plan)" in out
+        manifest = _manifest(p, "plan1")
+        assert manifest["real_experiment"] is False
+        assert [s["devices"][0] for s in manifest["slots"]] == ["GPU-fake-0000", "GPU-fake-0004"]
+        assert len(manifest["inventory"]["units"]) == 8
+        assert {g["run_status"] for g in manifest["groups"]} <= {"skipped", "asset_missing"}
+
+    def test_a_plan_for_another_machine_reads_its_inventory_from_a_manifest(self, project, tmp_path):
+        p = self._project(project, True)
+        p.runpytest("--specsel-gpu", "--specsel-plan", "--specsel-label", "there")
+        p.makeconftest(PLAN_CONFTEST.format(with_inventory=False))
+        here = p.runpytest("--specsel-gpu", "--specsel-plan", "--specsel-label", "here")
+        assert "devices: no inventory" in here.stdout.str()
+        there = p.path / "results" / "there" / "manifest.json"
+        result = p.runpytest(
+            "--specsel-gpu", "--specsel-plan", "--specsel-inventory", str(there), "--specsel-label", "again"
+        )
+        assert "devices: 2 slot(s) of 4 GPUs each from 8" in result.stdout.str()
+        assert _manifest(p, "again")["slots"] == _manifest(p, "there")["slots"]
+
+    def test_an_inventory_without_a_plan_or_a_bad_file_is_a_usage_error(self, project):
+        p = self._project(project, False)
+        result = p.runpytest("--specsel-gpu", "--specsel-inventory", "x.json")
+        assert (
+            "--specsel-inventory plans for another machine: pass it with --specsel-plan"
+            in result.stderr.str()
+        )
+        p.makefile(".json", bad='{"units": 3}')
+        result = p.runpytest("--specsel-gpu", "--specsel-plan", "--specsel-inventory", "bad.json")
+        assert (
+            "--specsel-inventory" in result.stderr.str()
+            and "kind (cuda|cpu) and units" in result.stderr.str()
+        )

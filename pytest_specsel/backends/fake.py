@@ -339,6 +339,8 @@ def fake_bundle(
     capability_error: str | None = None,
     sleep_mode: bool = False,
     inventory: Inventory | None = None,
+    device: Device = Device.CPU,
+    device_memory_mb: float = 16000.0,
 ) -> tuple[BackendBundle, Any]:
     """A bundle plus its world (``.events``, ``.max_alive``) for assertions."""
     capability = Capability(
@@ -347,9 +349,9 @@ def fake_bundle(
         version,
         True,
         tuple(methods),
-        Device.CPU,
-        "fake cpu",
-        16000.0,
+        device,
+        f"fake {device.value}",
+        device_memory_mb,
         {"python": "3.11", "fake": True},
         capability_error,
     )

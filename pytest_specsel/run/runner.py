@@ -23,6 +23,7 @@ from pytest_specsel.core.gating import co_residence
 from pytest_specsel.core.placement import MemoryPlan
 from pytest_specsel.core.protocol import BackendBundle
 from pytest_specsel.core.protocol import LaunchError
+from pytest_specsel.core.protocol import LaunchSpec
 from pytest_specsel.core.records import Device
 from pytest_specsel.core.records import Role
 from pytest_specsel.core.records import RunStatus
@@ -36,7 +37,6 @@ from pytest_specsel.core.results import scenarios_of
 from pytest_specsel.core.results import settled_status
 from pytest_specsel.core.results import track_snapshot
 from pytest_specsel.core.results import view_of
-from pytest_specsel.core.slots import Slot
 from pytest_specsel.core.study import Study
 from pytest_specsel.files import artifacts
 from pytest_specsel.files import documents
@@ -49,6 +49,9 @@ from pytest_specsel.run.meter import MeasureContext
 from pytest_specsel.run.placing import baseline_needed
 from pytest_specsel.run.placing import device_lines
 from pytest_specsel.run.placing import device_split
+from pytest_specsel.run.placing import launch_plan
+from pytest_specsel.run.placing import skip_runnable
+from pytest_specsel.run.preflight import Preflight
 from pytest_specsel.run.preflight import run_preflight
 from pytest_specsel.run.servers import ServerPool
 
@@ -71,6 +74,7 @@ class Selection:
         device: Device,
         dry_run_hint: str = "",
         say: Callable[[str], None] = lambda _: None,
+        plan_only: bool = False,
     ) -> None:
         self.study = study
         self.paths = paths
@@ -78,7 +82,8 @@ class Selection:
         self._real, self._device, self._hint, self._say = real, device, dry_run_hint, say
         self._timings: dict[str, float] = {}
         self._capability: Any = None
-        self._slots: tuple[Slot, ...] = ()
+        self._found: Preflight | None = None
+        self._plan_only = plan_only
         self._memory: dict[str, MemoryPlan] = {}
         #: the KV capacity in tokens each track's baseline server reported
         self._baseline_kv: dict[str, int] = {}
@@ -133,16 +138,25 @@ class Selection:
         t0 = time.monotonic()
         found = run_preflight(self.study, self._bundle, self._real, self._hint)
         self._capability = found.capability
-        self._slots = found.slots
+        self._found = found
         # one process measures every candidate on the first slot (fan-out over slots: xdist)
         self._servers.slot = found.slots[0] if found.slots else None
-        for line in device_lines(found):
+        for line in device_lines(found, every=self._plan_only):
             self._say(line)
         self._context = dataclasses.replace(
             self._context, workloads=dict(found.workloads), warmup=found.warmup
         )
         self._states.update(found.states)
         self._timings["preflight_s"] = time.monotonic() - t0
+
+    def launch_plan(self, name: str) -> list[tuple[Role, LaunchSpec]]:
+        """The servers a runnable candidate would start (see :func:`placing.launch_plan`)."""
+        return launch_plan(self.work(name), self._servers, self.paths)
+
+    def end_plan(self) -> None:
+        """A plan-only run ends here: nothing starts, runnable candidates are skipped."""
+        self._real = False
+        skip_runnable(self._states.values(), self._hint)
 
     def plan(self, name: str, scenarios: Sequence[Scenario]) -> None:
         """The scenarios a candidate will measure in this session (default: all)."""
@@ -338,7 +352,8 @@ class Selection:
             "backend": self._bundle.name,
             "config": self.study.as_config(),
             "environment": to_json(self._capability) if self._capability else None,
-            "slots": [s.as_json() for s in self._slots],
+            "slots": [s.as_json() for s in self._found.slots] if self._found else [],
+            "inventory": self._found.inventory.as_json() if self._found and self._found.inventory else None,
             "timings_s": dict(self._timings),
         }
         baselines = {

