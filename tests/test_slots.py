@@ -201,7 +201,7 @@ class TestArgvAndEnvironment:
         bundle, world = fake_bundle()
         pool = ServerPool(bundle, study, Device.CPU, lambda _: None)
         pool.slot = slots[1]
-        pool.start("g0_target_only", "/m", None, tmp_path / "g0.log", Role.BASELINE)
+        pool.start(pool.spec_for("g0_target_only", "/m", None, tmp_path / "g0.log", Role.BASELINE))
         spec = world.launches["g0_target_only"]
         assert launch_env(spec, {})["VLLM_CPU_OMP_THREADS_BIND"] == "4,5,6,7"
         assert pool.held["g0_target_only"] == {
@@ -222,8 +222,8 @@ class TestArgvAndEnvironment:
         bundle, world = fake_bundle()
         pool = ServerPool(bundle, study, Device.CPU, lambda _: None)
         pool.slot = slots[1]
-        pool.start("g0_target_only", "/m", None, tmp_path / "a.log", Role.BASELINE)
-        pool.start("g1_ngram", "/m", None, tmp_path / "b.log", Role.CANDIDATE)
+        pool.start(pool.spec_for("g0_target_only", "/m", None, tmp_path / "a.log", Role.BASELINE))
+        pool.start(pool.spec_for("g1_ngram", "/m", None, tmp_path / "b.log", Role.CANDIDATE))
         assert pool.held["g0_target_only"]["devices"] == [4, 5]
         assert pool.held["g1_ngram"]["devices"] == [6, 7]
 
@@ -236,7 +236,7 @@ class TestArgvAndEnvironment:
         bundle, world = fake_bundle()
         pool = ServerPool(bundle, study_of(tmp_path=tmp_path), Device.CPU, lambda _: None)
         pool.slot = slots[0]
-        pool.start("g0_target_only", "/m", None, tmp_path / "a.log", Role.BASELINE)
+        pool.start(pool.spec_for("g0_target_only", "/m", None, tmp_path / "a.log", Role.BASELINE))
         assert "VLLM_CPU_OMP_THREADS_BIND" not in launch_env(world.launches["g0_target_only"], {})
 
     def test_a_cpu_tensor_parallel_server_gets_one_core_list_per_rank(self, tmp_path):

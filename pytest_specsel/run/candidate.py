@@ -170,7 +170,8 @@ class CandidateRun:
         own = name == self.name and not self.work.candidate.is_baseline
         role = Role.CANDIDATE if own else Role.BASELINE
         memory = self.work.memory if name == self.name else self._base().memory
-        handle, elapsed = self._servers.start(name, target, speculative, log_path, role, memory)
+        spec = self._servers.spec_for(name, target, speculative, log_path, role, memory)
+        handle, elapsed = self._servers.start(spec)
         self._launch[name] = (
             elapsed,
             log_path,

@@ -52,23 +52,17 @@ class ServerPool:
         self.timings: dict[str, float] = {}
         #: the slot every server of this pool runs on (None: no inventory, the backend's choice)
         self.slot: Slot | None = None
-        #: per server started here: {"slot", "worker", "devices", "read"} (``Slot.held``)
+        #: per server started here: {"slot", "worker", "devices", "read"}: its slot and the
+        #: devices it holds as read back once it was up (``ServerHandle.held_devices``)
         self.held: dict[str, dict[str, Any]] = {}
 
-    def start(
-        self,
-        name: str,
-        target_path: str,
-        speculative: SpeculativeConfig | None,
-        log_path: Path,
-        role: Role = Role.CANDIDATE,
-        memory: ServerMemory | None = None,
-    ) -> tuple[ServerHandle, float]:
-        """Start and wait until ready; returns the handle and the seconds it took.
+    def start(self, spec: LaunchSpec) -> tuple[ServerHandle, float]:
+        """Start a server (its spec from :meth:`spec_for`) and wait until it is ready;
+        returns the handle and the seconds it took.
 
         :raises LaunchError: when the server does not come up (nothing is left running).
         """
-        spec = self.spec_for(name, target_path, speculative, log_path, role, memory)
+        name, log_path, memory = spec.name, spec.log_path, spec.memory
         cores = spec.cpu_cores
         bound = f", compute on cores {','.join(map(str, cores))}" if cores else ""
         bound += f", {memory.describe()}" if memory else ""
