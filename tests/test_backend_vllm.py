@@ -644,3 +644,21 @@ def test_nvml_memory_in_a_container_falls_back_to_the_device_delta_never_0_mb():
     sampler = NvmlMemorySampler(interval_s=0.05, module=FakeNvml(held, foreign=4_000_000))
     sampler.start(_Handle([os.getpid()]))  # no footprint: unknown, not 0
     assert sampler.stop().peak_mb is None
+
+
+def test_nvml_memory_in_a_container_reads_the_largest_device_of_its_slot():
+    """A tensor-parallel server in a container: the delta per device of its slot, the
+    largest one read (the budget is per device); a GPU outside its slot is not read."""
+    from pytest_specsel.backends.vllm.telemetry import NvmlMemorySampler
+    from pytest_specsel.core.placement import DeviceFootprint
+    from tests.fake_nvml import FakeNvml
+
+    mb = 2**20
+    held = {0: [(os.getpid(), 3000 * mb)], 1: [(os.getpid(), 1000 * mb)], 2: [(77, 9000 * mb)]}
+    fake = FakeNvml(held, other_used=500 * mb, foreign=4_000_000, count=3)
+    slot = ("GPU-fake-0000", "GPU-fake-0001")
+    footprint = DeviceFootprint(1000.0, 4000.0, devices=slot, before_per_device_mb=(500.0, 500.0))
+    sampler = NvmlMemorySampler(interval_s=0.05, module=fake)
+    sampler.start(_Handle([os.getpid()], footprint))
+    reading = sampler.stop()
+    assert reading.measured == "nvml_device_delta" and reading.peak_mb == pytest.approx(3000.0)
