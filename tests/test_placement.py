@@ -218,3 +218,26 @@ def test_residence_is_said_apart_from_pairing():
     assert residence_of(None, sleeping=False) is None
     assert kv_capacity(4096, 4096, 4096)["differ"] is False
     assert kv_capacity(None, 4096, None)["differ"] is None
+
+
+@pytest.mark.parametrize("candidate_kv,flagged", [(800, True), (1000, False), (None, False)])
+def test_a_pair_whose_servers_report_unequal_kv_capacity_is_flagged(tmp_path, monkeypatch, candidate_kv, flagged):
+    """The evidence of each scenario says when the two servers could not batch alike."""
+    from pytest_specsel.backends.fake import FakeScript
+    from pytest_specsel.backends.fake import fake_bundle
+    from tests import test_candidate_run
+
+    scripts = {
+        "g0_target_only": FakeScript(kv_tokens=1000),
+        "g1_ngram": FakeScript(token_s=0.005, kv_tokens=candidate_kv),
+    }
+    monkeypatch.setattr(test_candidate_run, "_bundle", lambda: fake_bundle(scripts)[0])
+    sel = test_candidate_run._selection(tmp_path, "kv")
+    for name in ("g0_target_only", "g1_ngram"):
+        sel.open(name)
+        sel.measure(name, sel.scenarios[0])
+        sel.close(name)
+    sel.stop_all()
+    view = sel.view("g1_ngram", sel.scenarios[0])
+    assert ("kv_capacity_differs" in view.evidence.flags) is flagged
+    assert sel.state("g1_ngram").baseline_kv_tokens == 1000

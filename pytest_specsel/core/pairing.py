@@ -39,6 +39,9 @@ from pytest_specsel.core.tails import round_figures
 
 __all__ = ["pair", "request_parity", "round_figures", "rounds_parity", "run_summary", "self_check"]
 
+#: the evidence flag of a pair whose two servers reported unequal KV capacity
+KV_CAPACITY_DIFFERS = "kv_capacity_differs"
+
 
 def run_summary(
     role: Role,
@@ -157,9 +160,13 @@ def pair(
     strict_parity: bool = False,
     required_telemetry: Sequence[str] = (),
     latency: str = "steady",
+    kv_tokens: tuple[int | None, int | None] = (None, None),
 ) -> ScenarioResult:
     """The candidate's result with parity, intervals, evidence and decision against the
-    baseline rounds it was paired with (``baseline.rounds``, pair i beside candidate round i)."""
+    baseline rounds it was paired with (``baseline.rounds``, pair i beside candidate round i).
+    ``kv_tokens``: the KV capacity each side's server reported (baseline, candidate); where
+    both said and they differ the evidence is flagged ``kv_capacity_differs``: one side could
+    batch more than the other."""
     base_rounds = baseline.rounds if baseline else ()
     parity = None
     summary = candidate.summary
@@ -174,10 +181,14 @@ def pair(
     evidence = build_pair_evidence(
         base_summary, summary, require_speculative=not calibration, required_telemetry=required_telemetry
     )
-    flags = tuple(sorted({f for r in (*base_rounds, *candidate.rounds) for f in r.flags}))
+    flags = {f for r in (*base_rounds, *candidate.rounds) for f in r.flags}
+    if None not in kv_tokens and kv_tokens[0] != kv_tokens[1]:
+        flags.add(KV_CAPACITY_DIFFERS)
     evidence = _with_intervals(evidence, base_rounds, candidate.rounds, level, latency)
     replaced = tuple(f"pair {p.pair + 1} measured again ({'; '.join(p.reasons)})" for p in candidate.replaced)
-    evidence = dataclasses.replace(evidence, pairing=pairing, flags=flags, replaced_pairs=replaced)
+    evidence = dataclasses.replace(
+        evidence, pairing=pairing, flags=tuple(sorted(flags)), replaced_pairs=replaced
+    )
     base_check = self_check(base_rounds)
     self_diverges = None
     if parity is not None and parity.first_divergence and base_check is not None:

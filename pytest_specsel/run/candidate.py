@@ -66,6 +66,8 @@ class BaselinePlan:
     have: Mapping[str, ScenarioResult] = dataclasses.field(default_factory=dict)
     #: its share of the device it shares with the candidate's server (None: the study's)
     memory: ServerMemory | None = None
+    #: the KV capacity in tokens its server reported when it ran before (None: not said)
+    kv_tokens: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -153,9 +155,16 @@ class CandidateRun:
     def name(self) -> str:
         return self.work.name
 
+    def _kv(self, server: str) -> int | None:
+        """The KV capacity a server reported: one this run started, else one up in the pool."""
+        if server in self._launch:
+            return self._launch[server][3]
+        handle = self._servers.get(server)
+        return handle.kv_cache_tokens() if handle is not None else None
+
     def _side(self) -> Side:
         w = self.work
-        return Side(w.name, w.track, w.candidate, w.target_snapshot)
+        return Side(w.name, w.track, w.candidate, w.target_snapshot, self._kv(w.name))
 
     def _base(self) -> BaselinePlan:
         assert self.work.baseline is not None, f"specsel: {self.name} pairs with no baseline"
@@ -163,7 +172,7 @@ class CandidateRun:
 
     def _base_side(self) -> Side:
         base = self._base()
-        return Side(base.server, self.work.track, base.candidate, base.target_snapshot)
+        return Side(base.server, self.work.track, base.candidate, base.target_snapshot, self._kv(base.server))
 
     def _start(self, name: str, target: str, speculative: SpeculativeConfig | None) -> ServerHandle:
         log_path = self._paths.log(name)
@@ -289,7 +298,8 @@ class CandidateRun:
             return self._meter.side(self._side(), handle, scenario)
         if w.pairing is not Pairing.INTERLEAVED:
             have = {**self._base().have, **self._baselines}
-            return self._meter.side(self._side(), handle, scenario, have.get(scenario.key))
+            base_kv = self._kv(self._base().server) or self._base().kv_tokens
+            return self._meter.side(self._side(), handle, scenario, have.get(scenario.key), base_kv)
         base = self._base()
         base_handle = self._servers.get(base.server)
         assert base_handle is not None, f"specsel: {base.server} is not up beside {w.name}"

@@ -71,6 +71,8 @@ class Side:
     #: the candidate it measures (None for a track's baseline server started for another)
     candidate: Candidate | None
     target_snapshot: str | None
+    #: the KV capacity in tokens its server reported (None: not said)
+    kv_tokens: int | None = None
 
     @property
     def role(self) -> Role:
@@ -129,7 +131,12 @@ class ScenarioMeter:
         return run
 
     def side(
-        self, side: Side, handle: ServerHandle, scenario: Scenario, baseline: ScenarioResult | None = None
+        self,
+        side: Side,
+        handle: ServerHandle,
+        scenario: Scenario,
+        baseline: ScenarioResult | None = None,
+        baseline_kv_tokens: int | None = None,
     ) -> ScenarioResult:
         """A fixed number of rounds on one server: a baseline's own, or a sequential candidate's
         (paired with ``baseline``, the track's own result for the scenario)."""
@@ -143,7 +150,8 @@ class ScenarioMeter:
             rounds.append(measured)
             if interrupt is not None or measured.error is not None:
                 break
-        result = self._record(side, scenario, rounds, baseline, Pairing.SEQUENTIAL)
+        kv = (baseline_kv_tokens, side.kv_tokens)
+        result = self._record(side, scenario, rounds, baseline, Pairing.SEQUENTIAL, kv_tokens=kv)
         return self._finish_measure(side.name, scenario, t0, result, interrupt)
 
     def pairs(
@@ -167,8 +175,9 @@ class ScenarioMeter:
         run = run_pairs(base_rounds, cand_rounds, self.study.policy, self.study.gates)
         baseline = self._side(base, scenario, Role.BASELINE, list(run.baseline))
         servers = (base_handle, handle)
+        kv = (base.kv_tokens, side.kv_tokens)
         result = self._record(
-            side, scenario, list(run.candidate), baseline, Pairing.INTERLEAVED, servers, run.replaced
+            side, scenario, list(run.candidate), baseline, Pairing.INTERLEAVED, servers, run.replaced, kv
         )
         return self._finish_measure(side.name, scenario, t0, result, run.interrupt)
 
@@ -214,9 +223,11 @@ class ScenarioMeter:
         pairing: Pairing,
         servers: tuple[ServerHandle, ServerHandle] | None = None,
         replaced: tuple[ReplacedPair, ...] = (),
+        kv_tokens: tuple[int | None, int | None] = (None, None),
     ) -> ScenarioResult:
         """Summarise, pair (a candidate) and write one scenario's result. A parity failure
-        with both servers up gets a parity pass that tells a near-tie apart."""
+        with both servers up gets a parity pass that tells a near-tie apart; ``kv_tokens``
+        (baseline, candidate) flags a pair of unequal KV capacity."""
         result = dataclasses.replace(self._side(side, scenario, side.role, rounds), replaced=replaced)
         if side.role is Role.CANDIDATE:
             s = self.study
@@ -232,6 +243,7 @@ class ScenarioMeter:
                 strict_parity=s.strict_parity,
                 required_telemetry=side.telemetry,
                 latency=s.policy.latency_requests,
+                kv_tokens=kv_tokens,
             )
             result = paired()
             if result.parity is not None and not result.parity.quality_ok and servers is not None:

@@ -222,6 +222,7 @@ class Selection:
             candidate=g0.candidate if own else None,
             unavailable=f"{g0.name} {g0.run_status.value}: {why}",
             have=dict(self._baselines.get(state.track, {})),
+            kv_tokens=self._baseline_kv.get(state.track),
         )
 
     def _merge(self, result: CandidateResult) -> None:
