@@ -5,11 +5,14 @@
     python -m pytest_specsel compare RUN_A RUN_B
     python -m pytest_specsel serve-command RESULTS/LABEL --workload W [--concurrency C]
         [--port P] [--exec]
+    python -m pytest_specsel workload import FORMAT SOURCE --out FILE [--sample N]
+        [--per-category N] [--seed S] [--max-prompt-tokens N --tokenizer DIR]
 
 Exit status: 0 done (compare: no change that counts), 1 compare found a change that
 counts (a verdict, a gate between passed and failed, a speedup beyond noise, a
 recommendation), 2 usage error (a path that is not a run folder; serve-command: no argv
-for that workload and level, named in the message).
+for that workload and level, named in the message; workload import: a source it cannot
+read, named with its line or item).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 __all__ = ["main"]
 
@@ -60,7 +64,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Rebuild a run's report page, compare two runs of one study, or print the "
         "server command of a run's recommendation.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{report,compare,serve-command}")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="{report,compare,serve-command,workload}"
+    )
     report = sub.add_parser("report", help="(re)build report.html in a run folder from its files")
     report.add_argument("run", type=run_folder, help="the run folder, e.g. benchmarks/results/LABEL")
     compare = sub.add_parser(
@@ -78,7 +84,46 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--concurrency", type=int, help="the load level (needed when several were measured)")
     serve.add_argument("--port", type=int, help="serve on this port instead of the one measured on")
     serve.add_argument("--exec", action="store_true", help="start the server in place of this process")
+    _workload_parser(sub)
     return parser
+
+
+def _workload_parser(sub: Any) -> None:
+    from pytest_specsel.files.imports import FORMATS
+
+    workload = sub.add_parser("workload", help="frozen workloads: import a public request set")
+    verbs = workload.add_subparsers(dest="verb", required=True, metavar="{import}")
+    imp = verbs.add_parser("import", help="convert a request set into frozen JSONL with a provenance file")
+    imp.add_argument("format", choices=sorted(FORMATS), help="the source's format")
+    imp.add_argument("source", type=Path, help="the source file")
+    imp.add_argument(
+        "--out", type=Path, required=True, help="the JSONL to write (FILE.provenance.json beside it)"
+    )
+    imp.add_argument("--sample", type=int, help="keep this many requests, drawn with --seed (default: all)")
+    imp.add_argument(
+        "--per-category", type=int, help="keep at most this many per category (default: no quota)"
+    )
+    imp.add_argument("--seed", type=int, default=0, help="the seed of every draw (default: 0)")
+    imp.add_argument(
+        "--max-prompt-tokens", type=int, help="drop requests longer than this in the target's tokens"
+    )
+    imp.add_argument("--tokenizer", help="the target's folder: its tokenizer and chat template count tokens")
+
+
+def _import(args: argparse.Namespace) -> int:
+    from pytest_specsel.files.imports import ImportOptions
+    from pytest_specsel.files.imports import WorkloadImportError
+    from pytest_specsel.files.imports import describe
+    from pytest_specsel.files.imports import import_workload
+
+    options = ImportOptions(args.sample, args.per_category, args.seed, args.max_prompt_tokens, args.tokenizer)
+    try:
+        provenance = import_workload(args.format, args.source, args.out, options)
+    except WorkloadImportError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    print(describe(provenance, args.out))
+    return 0
 
 
 def _serve_command(args: argparse.Namespace) -> int:
@@ -102,6 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "serve-command":
         return _serve_command(args)
+    if args.command == "workload":
+        return _import(args)
     if args.command == "report":
         from pytest_specsel.files.report import write_report
 

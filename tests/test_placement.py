@@ -221,7 +221,9 @@ def test_residence_is_said_apart_from_pairing():
 
 
 @pytest.mark.parametrize("candidate_kv,flagged", [(800, True), (1000, False), (None, False)])
-def test_a_pair_whose_servers_report_unequal_kv_capacity_is_flagged(tmp_path, monkeypatch, candidate_kv, flagged):
+def test_a_pair_whose_servers_report_unequal_kv_capacity_is_flagged(
+    tmp_path, monkeypatch, candidate_kv, flagged
+):
     """The evidence of each scenario says when the two servers could not batch alike."""
     from pytest_specsel.backends.fake import FakeScript
     from pytest_specsel.backends.fake import fake_bundle

@@ -233,6 +233,12 @@ class Study:
     gates: Thresholds
     #: breaks a tie between accepted candidates, first key first (a subset of PREFERENCES)
     recommendation_preference: tuple[str, ...] = PREFERENCES
+    #: the workloads that set their own request count (the others send ``num_prompts``)
+    workload_prompts: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+    def prompts_of(self, workload: str) -> int:
+        """How many requests of a workload a round sends."""
+        return self.workload_prompts.get(workload, self.num_prompts)
 
     @property
     def sampling_key(self) -> str:

@@ -1,7 +1,11 @@
 """Frozen JSONL workloads, validated line by line.
 
-Each line is ``{"request_id": str, "prompt": str}`` (an optional ``"max_tokens"`` int is
-kept). Every prompt is sent once per repeat; a workload is never cycled to reach a count.
+Each line is one request: ``{"request_id": str, "prompt": str}``, or a chat request
+``{"request_id": str, "messages": [{"role", "content"}, ...]}`` whose recorded history
+(system, user and assistant turns) is frozen in it and ends with the user turn the server
+answers; optional ``"max_tokens"`` (a positive int) and ``"category"`` (a task type, for
+per-category figures). Every request is sent once per repeat; a workload is never cycled
+to reach a count.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ from pathlib import Path
 
 __all__ = ["Prompt", "Workload", "WorkloadError", "load_workload"]
 
-_ALLOWED = {"request_id", "prompt", "max_tokens"}
+_ALLOWED = {"request_id", "prompt", "messages", "max_tokens", "category"}
+_ROLES = ("system", "user", "assistant")
 
 
 class WorkloadError(ValueError):
@@ -23,8 +28,23 @@ class WorkloadError(ValueError):
 @dataclasses.dataclass(frozen=True, slots=True)
 class Prompt:
     request_id: str
+    #: the text of the turn the server answers (a chat request's last user turn)
     prompt: str
     max_tokens: int | None = None
+    #: a chat request's whole frozen conversation, (role, content) per turn; empty for a
+    #: single-turn prompt
+    messages: tuple[tuple[str, str], ...] = ()
+    category: str | None = None
+
+    def chat(self) -> list[dict[str, str]]:
+        """The request's messages as the chat endpoint takes them."""
+        turns = self.messages or (("user", self.prompt),)
+        return [{"role": role, "content": content} for role, content in turns]
+
+    @property
+    def identity(self) -> str:
+        """What makes two requests the same request (the whole conversation for a chat one)."""
+        return json.dumps(self.messages) if self.messages else self.prompt
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -60,16 +80,52 @@ def _prompt(line: str, where: str) -> Prompt:
         raise WorkloadError(
             f"specsel: {where}: unknown key(s) {sorted(unknown)}; accepted: {sorted(_ALLOWED)}"
         )
-    rid, prompt, max_tokens = item.get("request_id"), item.get("prompt"), item.get("max_tokens")
+    rid, max_tokens, category = item.get("request_id"), item.get("max_tokens"), item.get("category")
     if not isinstance(rid, str) or not rid.strip():
         raise WorkloadError(f"specsel: {where}: 'request_id' must be a non-empty string, got {rid!r}")
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise WorkloadError(f"specsel: {where}: 'prompt' must be a non-empty string")
     if max_tokens is not None and (
         not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens <= 0
     ):
         raise WorkloadError(f"specsel: {where}: 'max_tokens' must be a positive integer, got {max_tokens!r}")
-    return Prompt(rid, prompt, max_tokens)
+    if category is not None and (not isinstance(category, str) or not category.strip()):
+        raise WorkloadError(f"specsel: {where}: 'category' must be a non-empty string, got {category!r}")
+    if ("prompt" in item) == ("messages" in item):
+        raise WorkloadError(
+            f"specsel: {where}: give exactly one of 'prompt' (a single turn) and 'messages' (a chat request)"
+        )
+    if "messages" in item:
+        messages = _messages(item["messages"], where)
+        return Prompt(rid, messages[-1][1], max_tokens, messages, category)
+    prompt = item["prompt"]
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise WorkloadError(f"specsel: {where}: 'prompt' must be a non-empty string")
+    return Prompt(rid, prompt, max_tokens, category=category)
+
+
+def _messages(value: object, where: str) -> tuple[tuple[str, str], ...]:
+    """A frozen chat history: system turns first, then user and assistant turns, ending with
+    the user turn the server answers (the recorded answers are part of the request)."""
+    if not isinstance(value, list) or not value:
+        raise WorkloadError(f"specsel: {where}: 'messages' must be a non-empty list of {{role, content}}")
+    turns: list[tuple[str, str]] = []
+    for i, message in enumerate(value):
+        at = f"{where}: messages[{i}]"
+        if not isinstance(message, dict) or set(message) - {"role", "content"}:
+            raise WorkloadError(f"specsel: {at}: each message is an object with 'role' and 'content' only")
+        role, content = message.get("role"), message.get("content")
+        if role not in _ROLES:
+            raise WorkloadError(f"specsel: {at}: unknown role {role!r}; accepted: {', '.join(_ROLES)}")
+        if not isinstance(content, str) or not content.strip():
+            raise WorkloadError(f"specsel: {at}: 'content' must be a non-empty string")
+        if role == "system" and any(r != "system" for r, _ in turns):
+            raise WorkloadError(f"specsel: {at}: a system turn comes before the conversation, not inside it")
+        turns.append((role, content))
+    if turns[-1][0] != "user":
+        raise WorkloadError(
+            f"specsel: {where}: the history ends with a {turns[-1][0]} turn; a request ends with the user "
+            "turn the server answers (drop the recorded answer: the server writes it)"
+        )
+    return tuple(turns)
 
 
 def load_workload(name: str, path: Path, num_prompts: int | None = None) -> Workload:

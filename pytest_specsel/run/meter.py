@@ -111,7 +111,7 @@ class ScenarioMeter:
         s = self.study
         self._say(
             f"[specsel] {name}: scenario {position} of {len(plan)}: {scenario.key} "
-            f"({what}; warmup {s.warmup}, {s.num_prompts} prompts x {s.repeats})"
+            f"({what}; warmup {s.warmup}, {s.prompts_of(scenario.workload)} prompts x {s.repeats})"
         )
 
     def _rounds_of(self, name: str, handle: ServerHandle, scenario: Scenario, role: Role) -> RoundRunner:

@@ -71,13 +71,15 @@ def admit_candidate(
 def run_preflight(study: Study, bundle: BackendBundle, real: bool, dry_hint: str) -> Preflight:
     """Probe, load workloads (a bad one raises ``WorkloadError``), admit each candidate."""
     capability = bundle.prober.probe()
-    workloads = {name: load_workload(name, path, study.num_prompts) for name, path in study.workloads.items()}
+    workloads = {
+        name: load_workload(name, path, study.prompts_of(name)) for name, path in study.workloads.items()
+    }
     if not study.warmup:
         warmup = Workload("warmup", "", "", ())
     else:
         warmup = load_workload("warmup", study.warmup_workload)
-    measured = {p.prompt for w in workloads.values() for p in w.prompts}
-    shared = [p.request_id for p in warmup.prompts if p.prompt in measured]
+    measured = {p.identity for w in workloads.values() for p in w.prompts}
+    shared = [p.request_id for p in warmup.prompts if p.identity in measured]
     if shared:
         raise WorkloadError(
             f"specsel: warmup_workload {str(study.warmup_workload)!r}: {shared} also stand in a measured "

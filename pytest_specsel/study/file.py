@@ -80,16 +80,28 @@ def _check_shape(table: Mapping[str, Any], loc: _Locator) -> None:
         check_keys(conf, _STRATEGY_KEYS, f"candidates.{name}", loc)
 
 
-def _workloads(table: Any, base_dir: Path, loc: _Locator) -> dict[str, Path]:
+def _workloads(table: Any, base_dir: Path, loc: _Locator) -> tuple[dict[str, Path], dict[str, int]]:
+    """Each workload's file, and the request counts of those that set their own: an entry is
+    ``name = "path.jsonl"`` or ``name = {path = "path.jsonl", num_prompts = N}``."""
     if not isinstance(table, Mapping) or not table:
         raise loc.error("workloads", 'must be a table of name = "path.jsonl" with at least one entry')
     workloads: dict[str, Path] = {}
-    for name, rel in table.items():
+    counts: dict[str, int] = {}
+    for name, entry in table.items():
+        key = f"workloads.{name}"
         if not _NAME.fullmatch(name):
-            raise loc.error(f"workloads.{name}", f"name {name!r} may only use a-z, 0-9 and '_'")
-        path = Path(typed(rel, str, f"workloads.{name}", loc))
+            raise loc.error(key, f"name {name!r} may only use a-z, 0-9 and '_'")
+        if isinstance(entry, Mapping):
+            unknown = set(entry) - {"path", "num_prompts"}
+            if unknown or "path" not in entry:
+                raise loc.error(key, f"a table needs path (and may set num_prompts), got {sorted(entry)}")
+            if "num_prompts" in entry:
+                count = typed(entry["num_prompts"], int, f"{key}.num_prompts", loc)
+                counts[name] = positive(count, f"{key}.num_prompts", loc)
+            entry = entry["path"]
+        path = Path(typed(entry, str, key, loc))
         workloads[name] = path if path.is_absolute() else (base_dir / path)
-    return workloads
+    return workloads, counts
 
 
 def _run(r: Mapping[str, Any], loc: _Locator) -> dict[str, Any]:
@@ -293,6 +305,7 @@ def study_from_mapping(
     reads = {key: base_dir if key in table else PACKAGE_DATA for key in ("workloads", "warmup_workload")}
     results = relative_path(typed(data["results_dir"], str, "results_dir", loc), base_dir)
     aa = run.pop("aa_calibration")
+    workloads, counts = _workloads(data["workloads"], reads["workloads"], loc)
     study = Study(
         source=source,
         run_label=label,
@@ -302,7 +315,8 @@ def study_from_mapping(
         model_cache=typed(t["cache"], str, "target.cache", loc),
         served_name=typed(t["served_name"], str, "target.served_name", loc) or model,
         backend=backend_table(data["backend"], candidates, loc),
-        workloads=_workloads(data["workloads"], reads["workloads"], loc),
+        workloads=workloads,
+        workload_prompts=counts,
         warmup_workload=relative_path(
             typed(data["warmup_workload"], str, "warmup_workload", loc), reads["warmup_workload"]
         ),

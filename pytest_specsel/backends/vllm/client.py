@@ -45,7 +45,7 @@ def _payload(
     extra: dict[str, Any] = {"logprobs": True, "top_logprobs": top_logprobs} if top_logprobs else {}
     return extra | {
         "model": model,
-        "messages": [{"role": "user", "content": prompt.prompt}],
+        "messages": prompt.chat(),
         "max_tokens": prompt.max_tokens or max_tokens,
         "temperature": temperature,
         "stream": True,
