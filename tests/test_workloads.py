@@ -214,3 +214,90 @@ def test_max_prompt_tokens_drops_by_the_targets_chat_template_and_says_how_many(
     dropped = provenance["dropped"]["longer than 120 prompt tokens"]
     assert 0 < dropped < 12 and provenance["written"] == 12 - dropped
     assert "summarization" not in provenance["by_category"]  # whole articles: all longer
+
+
+def _round(role, index, per_category, rate):
+    """A round of requests: per category its count and decode rate (tokens/s) scale, 3
+    tokens per chunk on a speculative side (rate above 1)."""
+    from pytest_specsel.core.measurement import RequestRecord
+    from pytest_specsel.core.measurement import Round
+
+    requests = []
+    for category, (count, scale) in per_category.items():
+        for i in range(count):
+            tokens, seconds = 65, 64 / (20.0 * scale * rate[index % len(rate)])
+            chunks = 64 // 3 if scale > 1 else 64
+            requests.append(
+                RequestRecord(
+                    f"{category}-{i}",
+                    0,
+                    "p",
+                    "o",
+                    0.0,
+                    100.0,
+                    (1.0,) * chunks,
+                    100.0 + 1000 * seconds,
+                    5,
+                    tokens,
+                )
+            )
+    return Round(role, index, tuple(requests), 1.0, None, None, None)
+
+
+class TestPerCategory:
+    def test_each_category_gets_its_decode_rate_ratio_with_an_interval_and_its_acceptance(self):
+        from pytest_specsel.core.categories import by_category
+        from pytest_specsel.core.records import Role
+
+        categories = {f"{c}-{i}": c for c in ("code", "chat", "rare") for i in range(10)}
+        noise = (1.0, 1.05, 0.95)
+        base = [
+            _round(Role.BASELINE, i, {"code": (4, 1.0), "chat": (4, 1.0), "rare": (1, 1.0)}, noise)
+            for i in range(3)
+        ]
+        cand = [
+            _round(Role.CANDIDATE, i, {"code": (4, 2.0), "chat": (4, 1.0), "rare": (1, 1.0)}, (1.0, 1.0, 1.0))
+            for i in range(3)
+        ]
+        figures = {f.category: f for f in by_category(base, cand, categories, 0.95, proposal_length=4)}
+        code, chat, rare = figures["code"], figures["chat"], figures["rare"]
+        assert code.candidate_requests == 12 and code.decode_rate_ratio == pytest.approx(2.0, rel=0.05)
+        assert code.decode_rate_ratio_interval.low < 2.0 < code.decode_rate_ratio_interval.high
+        assert code.accepted_per_step == pytest.approx(64 / 21 - 1)  # 64 tokens after the first in 21 chunks
+        assert code.acceptance_rate == pytest.approx((64 / 21 - 1) / 4)
+        assert code.baseline_accepted_per_step == pytest.approx(0.0)
+        assert chat.decode_rate_ratio == pytest.approx(1.0, rel=0.05)
+        assert rare.decode_rate_ratio is None and "needs 8 per side" in rare.note
+        assert by_category(base, cand, {}, 0.95) == ()
+
+    def test_a_selection_over_a_categorised_workload_hands_off_its_figures_per_category(self, tmp_path):
+        from pytest_specsel.backends.fake import FakeScript
+        from pytest_specsel.backends.fake import fake_bundle
+        from pytest_specsel.core.records import Device
+        from pytest_specsel.files.artifacts import claim_label
+        from pytest_specsel.run.runner import Selection
+
+        lines = [
+            {"request_id": f"{c}{i}", "category": c, "prompt": f"{c} {i}"}
+            for c in ("a", "b")
+            for i in range(8)
+        ]
+        write(tmp_path, *lines, name="mixed.jsonl")
+        table = {"target": {"model": "fake/target"}, "workloads": {"mixed": {"path": "mixed.jsonl", "num_prompts": 16}},
+                 "run": {"concurrency": [1], "warmup": 0}}  # fmt: skip
+        study = study_from_mapping(table, tmp_path)
+        bundle, _ = fake_bundle({"g1_ngram": FakeScript(token_s=0.005)})
+        sel = Selection(
+            study, bundle, claim_label(tmp_path / "r", "cat", "test"), real=True, device=Device.CPU
+        )
+        sel.preflight()
+        for name in ("g0_target_only", "g1_ngram"):
+            sel.open(name)
+            sel.measure(name, sel.scenarios[0])
+            sel.close(name)
+        sel.stop_all()
+        handoff = json.loads(sel.finish()["handoff"].read_text())
+        entry = handoff["candidates"]["g1_ngram"]
+        figures = entry["scenarios"]["mixed-c1"]["by_category"]
+        assert sorted(figures) == ["a", "b"] and figures["a"]["candidate_requests"] >= 8
+        assert figures["a"]["decode_rate_ratio_interval"]["low"] > 1.0  # the fake candidate decodes faster

@@ -10,8 +10,10 @@ pairing is interleaved).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from collections.abc import Sequence
 
+from pytest_specsel.core.categories import by_category
 from pytest_specsel.core.decision import decide
 from pytest_specsel.core.evidence import build_pair_evidence
 from pytest_specsel.core.measurement import RequestRecord
@@ -161,12 +163,15 @@ def pair(
     required_telemetry: Sequence[str] = (),
     latency: str = "steady",
     kv_tokens: tuple[int | None, int | None] = (None, None),
+    categories: Mapping[str, str] | None = None,
+    proposal_length: int | None = None,
 ) -> ScenarioResult:
     """The candidate's result with parity, intervals, evidence and decision against the
     baseline rounds it was paired with (``baseline.rounds``, pair i beside candidate round i).
     ``kv_tokens``: the KV capacity each side's server reported (baseline, candidate); where
     both said and they differ the evidence is flagged ``kv_capacity_differs``: one side could
-    batch more than the other."""
+    batch more than the other. ``categories`` (request id to its category) adds the per-category
+    figures (``core/categories.py``)."""
     base_rounds = baseline.rounds if baseline else ()
     parity = None
     summary = candidate.summary
@@ -208,6 +213,10 @@ def pair(
         baseline_self_diverges=self_diverges,
         baseline_rounds=tuple(base_rounds),
         noise_floor=noise_floor(base_rounds),
+        by_category={
+            f.category: f
+            for f in by_category(base_rounds, candidate.rounds, categories or {}, level, proposal_length)
+        },
     )
 
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pytest_specsel.core.categories import CategoryFigures
 from pytest_specsel.core.interleave import ReplacedPair
 from pytest_specsel.core.measurement import MemoryReading
 from pytest_specsel.core.measurement import NoiseFloor
@@ -101,6 +102,8 @@ class ScenarioResult:
     noise_floor: NoiseFloor | None = None
     #: a candidate's pairs measured once more after a disturbed round (first measurements)
     replaced: tuple[ReplacedPair, ...] = ()
+    #: a candidate's figures per request category, by category (``core/categories.py``)
+    by_category: Mapping[str, CategoryFigures] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(slots=True)
@@ -172,6 +175,8 @@ class ScenarioView:
     flags: tuple[str, ...] = ()
     evidence: PairEvidence | None = None
     decision: Decision | None = None
+    #: a candidate's figures per request category (explain the decision, never make it)
+    by_category: Mapping[str, CategoryFigures] = dataclasses.field(default_factory=dict)
 
     @property
     def throughput_tokens_per_s(self) -> float | None:
@@ -235,6 +240,7 @@ def view_of(result: ScenarioResult, root: Path) -> ScenarioView:
         flags=tuple(sorted({f for r in (*result.rounds, *result.baseline_rounds) for f in r.flags})),
         evidence=result.evidence,
         decision=result.decision,
+        by_category=dict(result.by_category),
     )
 
 

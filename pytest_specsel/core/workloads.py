@@ -55,6 +55,10 @@ class Workload:
     sha256: str
     prompts: tuple[Prompt, ...]
 
+    def categories(self) -> dict[str, str]:
+        """Request id to its category, for the requests that have one."""
+        return {p.request_id: p.category for p in self.prompts if p.category}
+
 
 def _decode(raw: bytes, path: Path) -> str:
     try:

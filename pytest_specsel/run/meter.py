@@ -244,6 +244,8 @@ class ScenarioMeter:
                 required_telemetry=side.telemetry,
                 latency=s.policy.latency_requests,
                 kv_tokens=kv_tokens,
+                categories=self._workloads[scenario.workload].categories(),
+                proposal_length=_proposal_length(side.candidate),
             )
             result = paired()
             if result.parity is not None and not result.parity.quality_ok and servers is not None:
@@ -259,6 +261,10 @@ class ScenarioMeter:
         raw = documents.raw_document(header, result, view_of(result, self._paths.root), arguments)
         artifacts.write_json(result.raw_path, raw)
         return result
+
+
+def _proposal_length(candidate: Candidate | None) -> int | None:
+    return None if candidate is None or candidate.target_only else candidate.num_speculative_tokens
 
 
 def _awake_for(rounds: RoundRunner, mine: ServerHandle, other: ServerHandle) -> RoundRunner:
