@@ -301,3 +301,14 @@ class TestPerCategory:
         figures = entry["scenarios"]["mixed-c1"]["by_category"]
         assert sorted(figures) == ["a", "b"] and figures["a"]["candidate_requests"] >= 8
         assert figures["a"]["decode_rate_ratio_interval"]["low"] > 1.0  # the fake candidate decodes faster
+        from pytest_specsel.glue.reporting import format_categories
+
+        lines = format_categories([sel.view("g1_ngram", sel.scenarios[0])])
+        assert lines[1].startswith("per category (explains the decision, does not make it")
+        assert lines[2].split()[:4] == ["candidate", "scenario", "category", "requests"]
+        row = next(line for line in lines if line.startswith("g1_ngram") and " a " in line)
+        assert "mixed-c1" in row and "24/24" in row  # 8 requests x 3 rounds a side
+        from pytest_specsel.files.report import write_report
+
+        page = write_report(sel.paths.root).read_text()
+        assert 'id="categories"' in page and "<td>24/24</td>" in page

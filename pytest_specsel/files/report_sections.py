@@ -41,6 +41,7 @@ def sections(run: RunFolder, charts: ModuleType | None) -> list[tuple[str, str, 
         ("decision", "Decision", _decision(run)),
         ("candidates", "Candidates and admission", _candidates(run)),
         ("scenarios", "Scenarios", _scenarios(run, charts)),
+        *_categories(run),
         ("parity", "Parity failures", _parity(run)),
         *run_facts(run),
     ]
@@ -173,6 +174,34 @@ def _candidates(run: RunFolder) -> str:
         return "<p>No candidate recorded (no manifest and no group summaries).</p>"
     header = ["candidate", "group", "family", "K", "track", "run status", "reason", "detail", "files"]
     return table(header, rows, "candidates")
+
+
+# -- per category ------------------------------------------------------------------------
+def _categories(run: RunFolder) -> list[tuple[str, str, str]]:
+    """The per-category figures of every candidate scenario (none: no section)."""
+    rows = []
+    for c in run.candidates():
+        for scenario, view in sorted(run.views(c).items()):
+            for name, f in sorted((view.get("by_category") or {}).items()):
+                i = f.get("decode_rate_ratio_interval")
+                ratio = f"{i['estimate']:.2f} [{i['low']:.2f}, {i['high']:.2f}]" if i else None
+                rate = f.get("acceptance_rate")
+                rows.append([
+                    esc(c.get("candidate")), esc(scenario), esc(name),
+                    esc(f"{f.get('baseline_requests')}/{f.get('candidate_requests')}"), esc(ratio),
+                    esc(None if f.get("accepted_per_step") is None else f"{f['accepted_per_step']:.2f}"),
+                    esc(None if rate is None else f"{rate:.2f}"), esc(f.get("note")),
+                ])  # fmt: skip
+    if not rows:
+        return []
+    header = ["candidate", "scenario", "category", "requests b/c", "decode rate ratio", "accepted/step",
+              "acceptance", "note"]  # fmt: skip
+    note = (
+        "<p>Per request category: the decode-rate ratio over round pairs with its interval, and the "
+        "accepted tokens per step read from the stream. They explain a scenario's decision; they do "
+        "not make it.</p>"
+    )
+    return [("categories", "Per category", note + table(header, rows, "categories"))]
 
 
 # -- scenarios ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from typing import Protocol
+from typing import TypeVar
 
 import pytest
 
@@ -92,6 +93,7 @@ def _case(v: ScenarioView) -> str:
 
 #: (title, cell) per column; a cell of None prints as '-'
 Column = tuple[str, Callable[[ScenarioView], Any]]
+_Row = TypeVar("_Row")
 
 #: the decisions table
 _DECISIONS: tuple[Column, ...] = (
@@ -120,9 +122,9 @@ _FIGURES: tuple[Column, ...] = (
 )
 
 
-def _table(views: Sequence[ScenarioView], columns: Sequence[Column]) -> list[str]:
+def _table(rows: Sequence[_Row], columns: Sequence[tuple[str, Callable[[_Row], Any]]]) -> list[str]:
     cells = [[title for title, _ in columns]]
-    cells += [["-" if (c := cell(v)) is None else str(c) for _, cell in columns] for v in views]
+    cells += [["-" if (c := cell(v)) is None else str(c) for _, cell in columns] for v in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
 
@@ -133,12 +135,37 @@ def format_rows(views: Sequence[ScenarioView]) -> list[str]:
     return [*_table(views, _DECISIONS), LEGEND, "", *_table(views, _FIGURES)]
 
 
+def format_categories(views: Sequence[ScenarioView]) -> list[str]:
+    """Per request category of each candidate scenario: what explains its decision (the
+    decision stays the scenario's)."""
+    rows = [(v, name, f) for v in views for name, f in sorted(v.by_category.items())]
+    if not rows:
+        return []
+
+    def ratio(f: Any) -> str | None:
+        i = f.decode_rate_ratio_interval
+        return f"{i.estimate:.2f} [{i.low:.2f}, {i.high:.2f}]" if i is not None else None
+
+    columns: list[tuple[str, Callable[[tuple[ScenarioView, str, Any]], Any]]] = [
+        ("candidate", lambda r: r[0].candidate),
+        ("scenario", lambda r: r[0].scenario),
+        ("category", lambda r: r[1]),
+        ("requests b/c", lambda r: f"{r[2].baseline_requests}/{r[2].candidate_requests}"),
+        ("decode rate ratio", lambda r: ratio(r[2])),
+        ("accepted/step", lambda r: _fixed(r[2].accepted_per_step, ".2f")),
+        ("acceptance", lambda r: _fixed(r[2].acceptance_rate, ".2f")),
+        ("note", lambda r: r[2].note),
+    ]
+    title = "per category (explains the decision, does not make it; decode rate ratio over round pairs):"
+    return ["", title, *_table(rows, columns)]
+
+
 def write_summary(terminalreporter: Any, specsel: Reported) -> None:
     sel = specsel.selection
     if sel is None:
         return
     terminalreporter.write_sep("=", "specsel: speculative-decoding selection")
-    for line in format_rows(specsel.views()):
+    for line in [*format_rows(specsel.views()), *format_categories(specsel.views())]:
         terminalreporter.write_line(line)
     for name in sel.names():
         state = sel.state(name)
