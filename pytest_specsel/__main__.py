@@ -6,7 +6,7 @@
     python -m pytest_specsel serve-command RESULTS/LABEL --workload W [--concurrency C]
         [--port P] [--exec]
     python -m pytest_specsel workload import FORMAT SOURCE --out FILE [--sample N]
-        [--per-category N] [--seed S] [--max-prompt-tokens N --tokenizer DIR]
+        [--per-category N] [--seed S] [--max-prompt-tokens N --tokenizer DIR] [--categories A,B]
 
 Exit status: 0 done (compare: no change that counts), 1 compare found a change that
 counts (a verdict, a gate between passed and failed, a speedup beyond noise, a
@@ -108,6 +108,9 @@ def _workload_parser(sub: Any) -> None:
         "--max-prompt-tokens", type=int, help="drop requests longer than this in the target's tokens"
     )
     imp.add_argument("--tokenizer", help="the target's folder: its tokenizer and chat template count tokens")
+    imp.add_argument(
+        "--categories", default="", help="keep only these categories, comma-separated (default: all)"
+    )
 
 
 def _import(args: argparse.Namespace) -> int:
@@ -116,7 +119,10 @@ def _import(args: argparse.Namespace) -> int:
     from pytest_specsel.files.imports import describe
     from pytest_specsel.files.imports import import_workload
 
-    options = ImportOptions(args.sample, args.per_category, args.seed, args.max_prompt_tokens, args.tokenizer)
+    categories = tuple(c for c in args.categories.split(",") if c)
+    options = ImportOptions(
+        args.sample, args.per_category, args.seed, args.max_prompt_tokens, args.tokenizer, categories
+    )
     try:
         provenance = import_workload(args.format, args.source, args.out, options)
     except WorkloadImportError as exc:

@@ -120,7 +120,7 @@ class TestImports:
         assert side == provenance
         assert side["source_sha256"] == hashlib.sha256(SPEC_BENCH.read_bytes()).hexdigest()
         assert side["sha256"] == workload.sha256 and side["written"] == 7 and side["seed"] == 3
-        assert side["by_category_in_source"]["qa"] == 2 and side["by_category"]["qa"] == 1
+        assert side["by_category_eligible"]["qa"] == 2 and side["by_category"]["qa"] == 1
         assert out.read_text().splitlines()[0].startswith('{"request_id": "specbench-')  # no header line
 
     def test_the_same_seed_draws_the_same_slice_and_another_seed_may_not(self, tmp_path):

@@ -61,6 +61,8 @@ class ImportOptions:
     max_prompt_tokens: int | None = None
     #: the target's folder (its tokenizer and chat template count the prompt tokens)
     tokenizer: str | None = None
+    #: keep only these categories (empty: all)
+    categories: tuple[str, ...] = ()
 
 
 def _chat_line(
@@ -210,6 +212,10 @@ def import_workload(fmt: str, source: Path, out: Path, options: ImportOptions) -
         )
     lines = list(FORMATS[fmt](source))
     dropped: dict[str, int] = {}
+    if options.categories:
+        wanted = [line for line in lines if line.get("category", UNCATEGORISED) in options.categories]
+        dropped[f"not in categories {', '.join(options.categories)}"] = len(lines) - len(wanted)
+        lines = wanted
     if options.max_prompt_tokens is not None and options.tokenizer is not None:
         count = _token_counter(options.tokenizer)
         within = [line for line in lines if count(line) <= options.max_prompt_tokens]
@@ -234,7 +240,7 @@ def import_workload(fmt: str, source: Path, out: Path, options: ImportOptions) -
         "dropped": dropped,
         "written": len(workload.prompts),
         "chat_requests": sum(1 for p in workload.prompts if p.messages),
-        "by_category_in_source": source_counts,
+        "by_category_eligible": source_counts,
         "by_category": _counts(kept),
         "sha256": workload.sha256,
     }
