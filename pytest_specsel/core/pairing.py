@@ -149,6 +149,16 @@ def _with_intervals(
     )
 
 
+def _flags(
+    base_rounds: Sequence[Round], rounds: Sequence[Round], kv_tokens: tuple[int | None, int | None]
+) -> tuple[str, ...]:
+    """The data-quality flags of every round of a pair, and of the pair's KV capacities."""
+    flags = {f for r in (*base_rounds, *rounds) for f in r.flags}
+    if None not in kv_tokens and kv_tokens[0] != kv_tokens[1]:
+        flags.add(KV_CAPACITY_DIFFERS)
+    return tuple(sorted(flags))
+
+
 def pair(
     baseline: ScenarioResult | None,
     candidate: ScenarioResult,
@@ -167,14 +177,11 @@ def pair(
     proposal_length: int | None = None,
 ) -> ScenarioResult:
     """The candidate's result with parity, intervals, evidence and decision against the
-    baseline rounds it was paired with (``baseline.rounds``, pair i beside candidate round i).
-    ``kv_tokens``: the KV capacity each side's server reported (baseline, candidate); where
-    both said and they differ the evidence is flagged ``kv_capacity_differs``: one side could
-    batch more than the other. ``categories`` (request id to its category) adds the per-category
-    figures (``core/categories.py``)."""
+    baseline rounds it was paired with (``baseline.rounds``, pair i beside candidate round i);
+    ``kv_tokens`` (each side's KV capacity) feeds the flags (``_flags``), ``categories``
+    (request id to its category) the per-category figures (``core/categories.py``)."""
     base_rounds = baseline.rounds if baseline else ()
-    parity = None
-    summary = candidate.summary
+    parity, summary = None, candidate.summary
     if require_parity and candidate.run_status is RunStatus.COMPLETED:
         parity = rounds_parity(base_rounds, candidate.rounds)
         if parity is not None:
@@ -186,15 +193,12 @@ def pair(
     evidence = build_pair_evidence(
         base_summary, summary, require_speculative=not calibration, required_telemetry=required_telemetry
     )
-    flags = {f for r in (*base_rounds, *candidate.rounds) for f in r.flags}
-    if None not in kv_tokens and kv_tokens[0] != kv_tokens[1]:
-        flags.add(KV_CAPACITY_DIFFERS)
+    flags = _flags(base_rounds, candidate.rounds, kv_tokens)
     evidence = _with_intervals(evidence, base_rounds, candidate.rounds, level, latency)
     replaced = tuple(f"pair {p.pair + 1} measured again ({'; '.join(p.reasons)})" for p in candidate.replaced)
-    evidence = dataclasses.replace(
-        evidence, pairing=pairing, flags=tuple(sorted(flags)), replaced_pairs=replaced
-    )
+    evidence = dataclasses.replace(evidence, pairing=pairing, flags=flags, replaced_pairs=replaced)
     base_check = self_check(base_rounds)
+    figures = by_category(base_rounds, candidate.rounds, categories or {}, level, proposal_length)
     self_diverges = None
     if parity is not None and parity.first_divergence and base_check is not None:
         self_diverges = parity.first_divergence.request_id in base_check.differing_request_ids
@@ -213,10 +217,7 @@ def pair(
         baseline_self_diverges=self_diverges,
         baseline_rounds=tuple(base_rounds),
         noise_floor=noise_floor(base_rounds),
-        by_category={
-            f.category: f
-            for f in by_category(base_rounds, candidate.rounds, categories or {}, level, proposal_length)
-        },
+        by_category={f.category: f for f in figures},
     )
 
 

@@ -234,7 +234,7 @@ def import_workload(fmt: str, source: Path, out: Path, options: ImportOptions) -
         "source": str(source),
         "source_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
         "format": fmt,
-        "options": dataclasses.asdict(options),
+        "options": {**dataclasses.asdict(options), "categories": list(options.categories)},
         "seed": options.seed,
         "read": len(lines) + sum(dropped.values()),
         "dropped": dropped,

@@ -24,7 +24,14 @@ from pytest_specsel.run.candidate import CandidateWork
 from pytest_specsel.run.preflight import Preflight
 from pytest_specsel.run.servers import ServerPool
 
-__all__ = ["baseline_needed", "device_lines", "device_split", "launch_plan", "skip_runnable"]
+__all__ = [
+    "baseline_needed",
+    "baseline_source",
+    "device_lines",
+    "device_split",
+    "launch_plan",
+    "skip_runnable",
+]
 
 
 def baseline_needed(
@@ -39,6 +46,22 @@ def baseline_needed(
         for n, s in states.items()
         if n in plan
     )
+
+
+def baseline_source(
+    states: Iterable[CandidateState], g0: CandidateState, track: str, own: bool
+) -> tuple[str | None, str]:
+    """The target folder a track's baseline server serves (None: no baseline can be had),
+    and the sentence that says why not: G0's own track takes G0's target where G0 may run;
+    a second track the folder of any of its candidates."""
+    if own:
+        ok = g0.run_status in (RunStatus.RUNNABLE, RunStatus.COMPLETED) and g0.assets is not None
+        target = g0.assets.target_path if ok and g0.assets else None
+    else:
+        found = next((s for s in states if s.track == track and s.assets), None)
+        target = found.assets.target_path if found and found.assets else None
+    why = g0.failure.splitlines()[0] if g0.failure else g0.admission.detail
+    return target, f"{g0.name} {g0.run_status.value}: {why}"
 
 
 def device_lines(found: Preflight, every: bool = False) -> list[str]:

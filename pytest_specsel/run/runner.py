@@ -47,6 +47,7 @@ from pytest_specsel.run.candidate import CandidateRun
 from pytest_specsel.run.candidate import CandidateWork
 from pytest_specsel.run.meter import MeasureContext
 from pytest_specsel.run.placing import baseline_needed
+from pytest_specsel.run.placing import baseline_source
 from pytest_specsel.run.placing import device_lines
 from pytest_specsel.run.placing import device_split
 from pytest_specsel.run.placing import launch_plan
@@ -139,7 +140,6 @@ class Selection:
         found = run_preflight(self.study, self._bundle, self._real, self._hint)
         self._capability = found.capability
         self._found = found
-        # one process measures every candidate on the first slot (fan-out over slots: xdist)
         self._servers.slot = found.slots[0] if found.slots else None
         for line in device_lines(found, every=self._plan_only):
             self._say(line)
@@ -208,19 +208,13 @@ class Selection:
     def _baseline_plan(self, state: CandidateState) -> BaselinePlan:
         g0 = self._states[self._baseline_name()]
         own = state.track == self.study.target_model
-        if own:
-            ok = g0.run_status in (RunStatus.RUNNABLE, RunStatus.COMPLETED) and g0.assets is not None
-            target = g0.assets.target_path if ok and g0.assets else None
-        else:
-            found = next((s for s in self._states.values() if s.track == state.track and s.assets), None)
-            target = found.assets.target_path if found and found.assets else None
-        why = g0.failure.splitlines()[0] if g0.failure else g0.admission.detail
+        target, unavailable = baseline_source(self._states.values(), g0, state.track, own)
         return BaselinePlan(
             server=self._track_server(state.track),
             target_path=target,
             target_snapshot=track_snapshot(self._states.values(), state.track, None),
             candidate=g0.candidate if own else None,
-            unavailable=f"{g0.name} {g0.run_status.value}: {why}",
+            unavailable=unavailable,
             have=dict(self._baselines.get(state.track, {})),
             kv_tokens=self._baseline_kv.get(state.track),
         )

@@ -50,7 +50,8 @@ class ServerPool:
         self._up: dict[str, ServerHandle] = {}
         #: "<name>.server_start_s" / "<name>.server_stop_s" per server started here
         self.timings: dict[str, float] = {}
-        #: the slot every server of this pool runs on (None: no inventory, the backend's choice)
+        #: the slot every server of this pool runs on (None: no inventory, the backend's
+        #: choice); one process measures every candidate on the run's first slot
         self.slot: Slot | None = None
         #: per server started here: {"slot", "worker", "devices", "read"}: its slot and the
         #: devices it holds as read back once it was up (``ServerHandle.held_devices``)

@@ -80,9 +80,10 @@ def _check_shape(table: Mapping[str, Any], loc: _Locator) -> None:
         check_keys(conf, _STRATEGY_KEYS, f"candidates.{name}", loc)
 
 
-def _workloads(table: Any, base_dir: Path, loc: _Locator) -> tuple[dict[str, Path], dict[str, int]]:
-    """Each workload's file, and the request counts of those that set their own: an entry is
-    ``name = "path.jsonl"`` or ``name = {path = "path.jsonl", num_prompts = N}``."""
+def _workloads(table: Any, base_dir: Path, loc: _Locator) -> dict[str, Any]:
+    """The study's ``workloads`` (each one's file) and ``workload_prompts`` (the request
+    counts of those that set their own): an entry is ``name = "path.jsonl"`` or
+    ``name = {path = "path.jsonl", num_prompts = N}``."""
     if not isinstance(table, Mapping) or not table:
         raise loc.error("workloads", 'must be a table of name = "path.jsonl" with at least one entry')
     workloads: dict[str, Path] = {}
@@ -101,7 +102,7 @@ def _workloads(table: Any, base_dir: Path, loc: _Locator) -> tuple[dict[str, Pat
             entry = entry["path"]
         path = Path(typed(entry, str, key, loc))
         workloads[name] = path if path.is_absolute() else (base_dir / path)
-    return workloads, counts
+    return {"workloads": workloads, "workload_prompts": counts}
 
 
 def _run(r: Mapping[str, Any], loc: _Locator) -> dict[str, Any]:
@@ -305,7 +306,6 @@ def study_from_mapping(
     reads = {key: base_dir if key in table else PACKAGE_DATA for key in ("workloads", "warmup_workload")}
     results = relative_path(typed(data["results_dir"], str, "results_dir", loc), base_dir)
     aa = run.pop("aa_calibration")
-    workloads, counts = _workloads(data["workloads"], reads["workloads"], loc)
     study = Study(
         source=source,
         run_label=label,
@@ -315,8 +315,7 @@ def study_from_mapping(
         model_cache=typed(t["cache"], str, "target.cache", loc),
         served_name=typed(t["served_name"], str, "target.served_name", loc) or model,
         backend=backend_table(data["backend"], candidates, loc),
-        workloads=workloads,
-        workload_prompts=counts,
+        **_workloads(data["workloads"], reads["workloads"], loc),
         warmup_workload=relative_path(
             typed(data["warmup_workload"], str, "warmup_workload", loc), reads["warmup_workload"]
         ),
