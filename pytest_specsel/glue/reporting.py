@@ -152,8 +152,8 @@ def format_categories(views: Sequence[ScenarioView]) -> list[str]:
         ("category", lambda r: r[1]),
         ("requests b/c", lambda r: f"{r[2].baseline_requests}/{r[2].candidate_requests}"),
         ("decode rate ratio", lambda r: ratio(r[2])),
-        ("accepted/step", lambda r: _fixed(r[2].accepted_per_step, ".2f")),
-        ("acceptance", lambda r: _fixed(r[2].acceptance_rate, ".2f")),
+        ("accepted/step", lambda r: _fixed(r[2].accepted_per_step, "{:.2f}")),
+        ("acceptance", lambda r: _fixed(r[2].acceptance_rate, "{:.2f}")),
         ("note", lambda r: r[2].note),
     ]
     title = "per category (explains the decision, does not make it; decode rate ratio over round pairs):"
