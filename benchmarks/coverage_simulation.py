@@ -129,8 +129,9 @@ def study(
         policy,
         Thresholds(),
     )
-    # the intervals the decision reads (pairing.pair does the same for interleaved rounds)
-    intervals = gate_intervals(pairs.candidate, pairs.baseline, policy.look_level, policy.latency_requests)
+    # the intervals the decision reads, at the level of the look the pairs stopped at
+    # (run/meter.py passes the same level to pairing.pair)
+    intervals = gate_intervals(pairs.candidate, pairs.baseline, pairs.level, policy.latency_requests)
     states = dict(zip(GATES, ratio_states(intervals, Thresholds()), strict=True))
     truths = {"throughput_speedup": speedup, "ttft_ratio": ttft_ratio, "e2e_p95_ratio": e2e_ratio}
     found = {n: getattr(intervals, n) for n in GATES}
@@ -145,7 +146,9 @@ def main() -> int:
     parser.add_argument("--min-pairs", type=int, default=RoundPolicy().min_pairs)
     parser.add_argument("--max-pairs", type=int, default=RoundPolicy().max_pairs)
     parser.add_argument("--fixed", action="store_true", help="no adaptive stopping: exactly min pairs")
-    parser.add_argument("--all-gates", action="store_true", help="stop only when every gate is decided")
+    parser.add_argument(
+        "--verdict-only", action="store_true", help="stop once the verdict is settled (not every gate)"
+    )
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--idle-wave", type=float, default=0.0, help="chance of an unwarmed first wave")
     parser.add_argument("--latency", choices=("steady", "all"), default="steady")
@@ -154,7 +157,7 @@ def main() -> int:
         min_pairs=args.min_pairs,
         max_pairs=args.max_pairs,
         adaptive=not args.fixed,
-        until_all_gates=args.all_gates,
+        until_all_gates=not args.verdict_only,
         latency_requests=args.latency,
     )
     load = Load(args.concurrency, args.idle_wave)

@@ -229,7 +229,8 @@ class TestRun:
             (1, "r2"),
         ]
         seen = server.seen
-        assert len(seen) == 2 + 6 and run.warmup_requests == 2
+        # warm-up: 2 waves of 2 (the round's concurrency)
+        assert len(seen) == 4 + 6 and run.warmup_requests == 4
         assert {s["temperature"] for s in seen} == {0.0}
         assert seen[0]["stream"] is True and seen[0]["stream_options"] == {"include_usage": True}
         assert seen[0]["max_tokens"] == 8 and seen[0]["return_token_ids"] is True
@@ -266,6 +267,20 @@ class TestRun:
         run = run_client(HttpBenchClient(), server, prompts, concurrency=3)
         assert len(run.requests) == 8 and all(r.ok for r in run.requests)
         assert server.peak == 3
+
+
+def test_warmup_runs_waves_at_the_rounds_concurrency_with_few_tokens(server):
+    """A round at concurrency C warms the batch it will run: each wave is C requests at
+    once, each asking for ``warmup_max_tokens`` (the measured requests keep max_tokens)."""
+    server.respond = lambda request: (200, [0.05, sse(content("x"), usage(1))])
+    warm = tuple(Prompt(f"w{i}", f"warm {i}") for i in range(4))
+    spec = ReplaySpec(
+        server.url, "m", (Prompt("m1", "measured"),), 3, 2, 1, 48, 0.0, 5, warm, warmup_max_tokens=4
+    )
+    run = HttpBenchClient().run(spec)
+    assert run.warmup_requests == 6 and len(server.seen) == 7
+    assert [s["max_tokens"] for s in server.seen] == [4] * 6 + [48]
+    assert server.peak == 3  # a wave's requests were in flight together
 
 
 def test_warmup_sends_the_warmup_prompts_never_the_measured_ones(server):

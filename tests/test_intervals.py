@@ -73,11 +73,14 @@ def test_more_pairs_would_decide_an_open_gate_and_a_tie_never():
     assert pairs_to_decide(Interval(1.10, 1.0, 1.2, 0.95, 3, 0.08), 1.10) is None
 
 
-def test_two_looks_at_most_split_the_error_rate():
+def test_two_looks_at_most_spend_the_error_rate_unequally():
     assert adjusted_level(0.95, 2) == pytest.approx(0.975)
     policy = RoundPolicy(min_pairs=3, max_pairs=10)
-    assert policy.looks == 2 and policy.look_level == pytest.approx(0.975)
-    assert RoundPolicy(adaptive=False).look_level == pytest.approx(0.95)
+    # a fifth of the 5 % at the first look, the rest at the last: their sum is 5 %
+    assert policy.looks == 2 and policy.look_levels() == pytest.approx((0.99, 0.96))
+    assert policy.look_level == pytest.approx(0.96)
+    assert sum(1 - x for x in policy.look_levels()) == pytest.approx(0.05)
+    assert RoundPolicy(adaptive=False).look_levels() == (0.95,)
     assert RoundPolicy(min_pairs=3, max_pairs=3).looks == 1
 
 
@@ -101,12 +104,15 @@ class TestPlanner:
         assert budget.next_target(3, [7], self.open_states, 90.0) == 3
 
     def test_a_settled_verdict_or_a_fixed_policy_stops(self):
-        assert self.policy.next_target(3, [5], [GateState.FAILED, GateState.UNDECIDED], 1.0) == 3
-        assert self.policy.next_target(3, [], [GateState.PASSED] * 3, 1.0) == 3
+        # by default every gate counts: a failed one does not end the pairs for the others
+        assert self.policy.until_all_gates
+        assert self.policy.next_target(3, [5], [GateState.FAILED, GateState.UNDECIDED], 1.0) == 5
+        assert self.policy.next_target(3, [], [GateState.FAILED, GateState.PASSED, GateState.PASSED], 1.0) == 3
+        verdict = dataclasses.replace(self.policy, until_all_gates=False)
+        assert verdict.next_target(3, [5], [GateState.FAILED, GateState.UNDECIDED], 1.0) == 3
+        assert verdict.next_target(3, [], [GateState.PASSED] * 3, 1.0) == 3
         fixed = dataclasses.replace(self.policy, adaptive=False)
         assert fixed.next_target(3, [5], self.open_states, 1.0) == 3
-        all_gates = dataclasses.replace(self.policy, until_all_gates=True)
-        assert all_gates.next_target(3, [5], [GateState.FAILED, GateState.UNDECIDED], 1.0) == 5
 
 
 def test_paired_intervals_cover_the_truth_in_a_small_simulation():
@@ -166,9 +172,10 @@ class TestRunPairs:
         first = paired_intervals(
             [round_figures(r) for r in (_arm(Role.CANDIDATE, cand, [])(i)[0] for i in range(3))],
             [round_figures(r) for r in (_arm(Role.BASELINE, base, [])(i)[0] for i in range(3))],
-            0.975,
+            0.99,
         )
-        planned = max(n for n in undecided_needs(first, Thresholds()) if n is not None and n <= 10)
+        # the pairs that decide a gate at the last look's level
+        planned = max(n for n in undecided_needs(first, Thresholds(), 0.96) if n is not None and n <= 10)
         assert 3 < planned <= 10
         order = []
         run = run_pairs(
@@ -179,6 +186,42 @@ class TestRunPairs:
         )
         assert len(run.candidate) == len(run.baseline) == planned
         assert "".join(order).startswith("bccbbccb")
+
+    def test_the_run_carries_the_level_of_the_look_it_stopped_at(self):
+        from pytest_specsel.core.interleave import run_pairs
+        from pytest_specsel.core.records import Role
+        from pytest_specsel.core.records import Thresholds
+
+        policy = RoundPolicy(min_pairs=3, max_pairs=10)
+        clear = run_pairs(
+            _arm(Role.BASELINE, [20.0, 21.0, 19.5], []), _arm(Role.CANDIDATE, [14.0, 14.5, 13.8], []), policy, Thresholds()
+        )
+        assert len(clear.candidate) == 3 and clear.level == pytest.approx(0.99)
+        near = run_pairs(
+            _arm(Role.BASELINE, [20.0, 21.0, 19.0, 20.5], []),
+            _arm(Role.CANDIDATE, [24.5, 23.5, 24.0, 22.5], []),
+            policy,
+            Thresholds(),
+        )
+        assert len(near.candidate) > 3 and near.level == pytest.approx(0.96)
+
+    def test_a_first_look_with_no_time_after_it_is_the_only_look(self):
+        """Whether a pair could follow is known from the clock before looking: then the
+        first look spends the whole error rate (0.95, not 0.99)."""
+        from pytest_specsel.core.interleave import run_pairs
+        from pytest_specsel.core.records import Role
+        from pytest_specsel.core.records import Thresholds
+
+        ticks = iter(range(0, 10_000, 20))  # each call: 20 s later
+        policy = RoundPolicy(min_pairs=3, max_pairs=10, budget_s=100.0)
+        run = run_pairs(
+            _arm(Role.BASELINE, [20.0, 21.0, 19.0, 20.5], []),
+            _arm(Role.CANDIDATE, [24.5, 23.5, 24.0, 22.5], []),
+            policy,
+            Thresholds(),
+            clock=lambda: float(next(ticks)),
+        )
+        assert len(run.candidate) == 3 and run.level == pytest.approx(0.95)
 
     def test_when_no_gate_can_be_decided_within_the_most_pairs_it_stops_at_the_first_look(self):
         from pytest_specsel.core.interleave import run_pairs
@@ -192,3 +235,17 @@ class TestRunPairs:
             Thresholds(),
         )
         assert len(run.candidate) == 3
+
+
+def test_a_tail_gate_below_the_pooling_minimum_asks_for_the_pairs_that_pool_it():
+    """3 pairs at c4 give 5 steady requests a side per pair, 15 < 20: however narrow its
+    per-round fallback looks, the planner aims at 4 pairs, where the pooled p95 takes over."""
+    from pytest_specsel.core.interleave import undecided_needs
+    from pytest_specsel.core.intervals import PairedIntervals
+    from pytest_specsel.core.records import Thresholds
+    from pytest_specsel.core.tails import FALLBACK_METHOD
+
+    fallback = Interval(1.25, 1.05, 1.49, 0.99, 3, 0.01, FALLBACK_METHOD, requests=30)
+    pooled = dataclasses.replace(fallback, method="pooled")
+    assert undecided_needs(PairedIntervals(None, fallback, None), Thresholds()) == [4]
+    assert undecided_needs(PairedIntervals(None, pooled, None), Thresholds()) == [3]

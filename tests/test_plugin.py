@@ -415,7 +415,7 @@ class TestFiles:
     def test_terminal_table_shows_each_gate_with_its_interval_and_state_within_120_columns(self, project):
         # a slower first token with confidence (failed), a noisy tail (undecided), more throughput
         p = project(
-            "{'g1_ngram': FakeScript(token_s=0.004, ttft_s=0.09, round_factors=[1.0, 1.3, 0.8, 1.25])}"
+            "{'g1_ngram': FakeScript(token_s=0.004, ttft_s=0.25, round_factors=[1.0, 1.3, 0.8, 1.25])}"
         )
         result = p.runpytest_subprocess(
             "--specsel-cpu", "--specsel-label", "tt", "-k", "ngram and general-c1"

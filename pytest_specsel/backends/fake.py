@@ -264,7 +264,7 @@ class _Client:
             )
         n = script.output_tokens
         duration = factor * len(records) * (script.ttft_s + script.token_s * (n - 1)) / spec.concurrency
-        return ClientRun(tuple(records), spec.warmup, duration)
+        return ClientRun(tuple(records), spec.warmup_requests, duration)
 
     @staticmethod
     def _records(spec: ReplaySpec, script: FakeScript, factor: float) -> list[RequestRecord]:

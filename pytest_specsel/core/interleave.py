@@ -11,6 +11,7 @@ saturated client) is measured once more as a whole pair, its first measurement k
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,8 @@ from pytest_specsel.core.records import GateState
 from pytest_specsel.core.records import Interval
 from pytest_specsel.core.records import Role
 from pytest_specsel.core.records import Thresholds
+from pytest_specsel.core.tails import FALLBACK_METHOD
+from pytest_specsel.core.tails import MIN_POOLED
 from pytest_specsel.core.tails import gate_intervals
 
 __all__ = [
@@ -73,6 +76,9 @@ class PairRun:
     interrupt: KeyboardInterrupt | None = None
     #: the pairs measured once more, their first measurement kept here
     replaced: tuple[ReplacedPair, ...] = ()
+    #: the level of the look it stopped at (``RoundPolicy.look_levels``): the decision's
+    #: intervals are computed at it
+    level: float = 0.95
 
 
 def disturbance_reasons(baseline: Round, candidate: Round) -> tuple[str, ...]:
@@ -101,13 +107,24 @@ def ratio_states(intervals: PairedIntervals, gates: Thresholds) -> list[GateStat
     ]
 
 
-def undecided_needs(intervals: PairedIntervals, gates: Thresholds) -> list[int | None]:
-    """Per undecided ratio gate: about how many pairs in all would decide it."""
-    return [
-        pairs_to_decide(i, limit)
-        for i, limit, op in _rows(intervals, gates)
-        if i is not None and gate_state(i, limit, op) is GateState.UNDECIDED
-    ]
+def undecided_needs(
+    intervals: PairedIntervals, gates: Thresholds, level: float | None = None
+) -> list[int | None]:
+    """Per undecided ratio gate: about how many pairs in all would decide it, its interval
+    computed at ``level`` (default: the level it was computed at). A tail gate that fell
+    back to per-round p95s (too few requests to pool) needs at least the pairs that give it
+    :data:`~pytest_specsel.core.tails.MIN_POOLED` requests a side."""
+    out = []
+    for i, limit, op in _rows(intervals, gates):
+        if i is None or gate_state(i, limit, op) is not GateState.UNDECIDED:
+            continue
+        at = i if level is None else dataclasses.replace(i, level=level)
+        needed = pairs_to_decide(at, limit)
+        if i.method == FALLBACK_METHOD and i.requests:
+            pool = math.ceil(MIN_POOLED / (i.requests / (2 * i.pairs)))
+            needed = max(needed or pool, pool)
+        out.append(needed)
+    return out
 
 
 def run_pairs(
@@ -128,10 +145,13 @@ def run_pairs(
     replaced: list[ReplacedPair] = []
     start = clock()
     pairs, target, looked = 0, policy.min_pairs, 0
+    levels = policy.look_levels()
 
-    def done(interrupt: KeyboardInterrupt | None = None) -> PairRun:
+    def done(interrupt: KeyboardInterrupt | None = None, level: float | None = None) -> PairRun:
         b, c = tuple(runs[Role.BASELINE]), tuple(runs[Role.CANDIDATE])
-        return PairRun(b, c, tuple(order), interrupt, tuple(replaced))
+        if level is None:  # an interrupted run is read as at the look it was heading for
+            level = levels[min(looked, len(levels) - 1)] if interrupt is not None else levels[max(looked - 1, 0)]
+        return PairRun(b, c, tuple(order), interrupt, tuple(replaced), level)
 
     while True:
         sequence = (Role.BASELINE, Role.CANDIDATE) if pairs % 2 == 0 else (Role.CANDIDATE, Role.BASELINE)
@@ -149,11 +169,16 @@ def run_pairs(
         looked += 1
         if looked >= policy.looks:
             return done()
+        if not policy.room_for_more(pairs, clock() - start):
+            # the clock alone (not what was measured) says no pair would follow: this first
+            # look is the only one and spends the whole error rate
+            return done(level=policy.level)
         intervals = gate_intervals(
-            runs[Role.CANDIDATE], runs[Role.BASELINE], policy.look_level, policy.latency_requests
+            runs[Role.CANDIDATE], runs[Role.BASELINE], levels[looked - 1], policy.latency_requests
         )
         states = ratio_states(intervals, gates)
-        target = policy.next_target(pairs, undecided_needs(intervals, gates), states, clock() - start)
+        needs = undecided_needs(intervals, gates, levels[-1])
+        target = policy.next_target(pairs, needs, states, clock() - start)
         if target <= pairs:
             return done()
 

@@ -18,10 +18,13 @@ slow drift cancel within a pair, and ABBA order makes linear drift cancel across
 
 Stopping when decided: looking at the intervals repeatedly and stopping when they clear a
 threshold inflates false decisions. The policy looks at most twice (:attr:`RoundPolicy.looks`:
-after ``min_pairs``, and once more where :meth:`RoundPolicy.next_target` aims) and
-:func:`adjusted_level` splits the error rate over the looks (Bonferroni), so the chance that
-either look's interval misses the truth stays below 1 - level, wherever the second look was
-placed. ``benchmarks/coverage_simulation.py`` shows the coverage with the shipped defaults.
+after ``min_pairs``, and once more where :meth:`RoundPolicy.next_target` aims) and spends
+the error rate unequally over the two (:meth:`RoundPolicy.look_levels`: a fifth at the
+first look, the rest at the last, as an alpha-spending boundary of O'Brien-Fleming's shape
+spends little early). By the union bound the chance that either look's interval misses the
+truth stays below 1 - level, wherever the second look was placed; the early look costs the
+last one little (at 0.95 overall, the last look is at 0.96 instead of 0.975).
+``benchmarks/coverage_simulation.py`` shows the coverage with the shipped defaults.
 
 Stdlib only: the t quantile is computed here from the regularized incomplete beta
 function (continued fraction, as in Numerical Recipes), checked in the tests against
@@ -111,7 +114,8 @@ def t_quantile(p: float, df: float) -> float:
 
 
 def adjusted_level(level: float, looks: int) -> float:
-    """The level each look uses so that all ``looks`` together keep ``level`` (Bonferroni)."""
+    """The level each of ``looks`` equal looks uses so that together they keep ``level``
+    (an even Bonferroni split)."""
     return 1.0 - (1.0 - level) / max(1, looks)
 
 
@@ -211,9 +215,10 @@ class RoundPolicy:
     level: float = 0.95
     #: add pairs while the decision is open (else measure exactly min_pairs)
     adaptive: bool = True
-    #: open means "some gate is undecided"; by default it means "the verdict could still
-    #: change": no gate failed with confidence and not every gate passed
-    until_all_gates: bool = False
+    #: open means "some gate is undecided" (every gate's state is evidence the handoff
+    #: carries); False: "the verdict could still change" (no gate failed with confidence
+    #: and not every gate passed)
+    until_all_gates: bool = True
     #: seconds a scenario may take; no pair is started past it (None: no budget)
     budget_s: float | None = None
     #: which requests a round's latency figures read: "steady" (past its opening burst,
@@ -221,6 +226,8 @@ class RoundPolicy:
     latency_requests: str = "steady"
     #: a pair with a disturbed round (``core/disturbance.py``) is measured once more
     remeasure_disturbed: bool = True
+    #: the share of the error rate ``1 - level`` the first of two looks spends
+    first_look_alpha: float = 0.2
 
     @property
     def looks(self) -> int:
@@ -228,10 +235,23 @@ class RoundPolicy:
         (:meth:`next_target`); else one. Two looks at most keep the error split small."""
         return 2 if self.adaptive and self.max_pairs > self.min_pairs else 1
 
+    def look_levels(self) -> tuple[float, ...]:
+        """The level of each look's intervals: their errors add up to ``1 - level``."""
+        if self.looks == 1:
+            return (self.level,)
+        first = (1.0 - self.level) * self.first_look_alpha
+        return (1.0 - first, self.level + first)
+
     @property
     def look_level(self) -> float:
-        """The level every look's interval is computed at (Bonferroni over the looks)."""
-        return adjusted_level(self.level, self.looks)
+        """The level of the last look's intervals."""
+        return self.look_levels()[-1]
+
+    def room_for_more(self, pairs: int, elapsed_s: float) -> bool:
+        """Whether one more pair fits ``budget_s`` at the pace so far (always, without one)."""
+        if self.budget_s is None or pairs == 0:
+            return True
+        return elapsed_s + elapsed_s / pairs <= self.budget_s
 
     def is_open(self, states: Sequence[GateState]) -> bool:
         """Whether more pairs could still change what is decided."""

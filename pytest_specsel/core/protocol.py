@@ -230,7 +230,8 @@ class ReplaySpec:
     model: str
     prompts: tuple[Prompt, ...]
     concurrency: int
-    #: unmeasured requests sent one by one before the measured window opens
+    #: unmeasured waves sent before the measured window opens, each ``concurrency``
+    #: requests at once (a round at concurrency C warms the batch it will run)
     warmup: int
     repeats: int
     max_tokens: int
@@ -241,6 +242,18 @@ class ReplaySpec:
     warmup_prompts: tuple[Prompt, ...] = ()
     #: ask for this many top log-probabilities per token (a parity pass; None in timed rounds)
     top_logprobs: int | None = None
+    #: tokens a warm-up request asks for (0: ``max_tokens``); a few warm the server's
+    #: threads, caches and batch shapes as well as a whole answer does, in a fraction of the time
+    warmup_max_tokens: int = 0
+
+    @property
+    def warmup_requests(self) -> int:
+        """How many warm-up requests are sent: ``warmup`` waves of ``concurrency``."""
+        return self.warmup * self.concurrency
+
+    @property
+    def warmup_tokens(self) -> int:
+        return self.warmup_max_tokens or self.max_tokens
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

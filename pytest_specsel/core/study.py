@@ -81,6 +81,8 @@ DEFAULTS: dict[str, Any] = {
         "concurrency": [1],
         "num_prompts": 8,
         "warmup": 2,
+        # tokens a warm-up request asks for (0: the round's max_tokens)
+        "warmup_max_tokens": 8,
         "repeats": 1,
         "max_tokens": 64,
         "temperature": 0.0,
@@ -92,6 +94,8 @@ DEFAULTS: dict[str, Any] = {
         "max_rounds": 6,
         "confidence": 0.95,
         "adaptive": True,
+        # more pairs while any gate is undecided (false: while the verdict could change)
+        "until_all_gates": True,
         "scenario_budget_s": 0.0,
         # which requests the latency gates read: "steady" (past each round's opening burst) or "all"
         "latency_requests": "steady",
@@ -212,6 +216,8 @@ class Study:
     warmup_workload: Path
     concurrency: tuple[int, ...]
     num_prompts: int
+    #: warm-up waves before a round on a server that sat idle (each wave as many
+    #: concurrent requests as the round's concurrency)
     warmup: int
     repeats: int
     max_tokens: int
@@ -235,6 +241,8 @@ class Study:
     recommendation_preference: tuple[str, ...] = PREFERENCES
     #: the workloads that set their own request count (the others send ``num_prompts``)
     workload_prompts: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    #: tokens each warm-up request asks for (0: ``max_tokens``)
+    warmup_max_tokens: int = 8
 
     def prompts_of(self, workload: str) -> int:
         """How many requests of a workload a round sends."""

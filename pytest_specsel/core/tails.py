@@ -40,7 +40,14 @@ from pytest_specsel.core.records import Interval
 from pytest_specsel.core.steady import latency_figures
 from pytest_specsel.core.steady import steady_requests
 
-__all__ = ["MIN_POOLED", "POOLED_METHOD", "gate_intervals", "pooled_ratio_interval", "round_figures"]
+__all__ = [
+    "FALLBACK_METHOD",
+    "MIN_POOLED",
+    "POOLED_METHOD",
+    "gate_intervals",
+    "pooled_ratio_interval",
+    "round_figures",
+]
 
 #: steady-state requests a side needs over its rounds for a pooled p95
 MIN_POOLED = 20

@@ -177,7 +177,7 @@ class ScenarioMeter:
         servers = (base_handle, handle)
         kv = (base.kv_tokens, side.kv_tokens)
         result = self._record(
-            side, scenario, list(run.candidate), baseline, Pairing.INTERLEAVED, servers, run.replaced, kv
+            side, scenario, list(run.candidate), baseline, Pairing.INTERLEAVED, servers, run.replaced, kv, run.level
         )
         return self._finish_measure(side.name, scenario, t0, result, run.interrupt)
 
@@ -224,10 +224,12 @@ class ScenarioMeter:
         servers: tuple[ServerHandle, ServerHandle] | None = None,
         replaced: tuple[ReplacedPair, ...] = (),
         kv_tokens: tuple[int | None, int | None] = (None, None),
+        level: float | None = None,
     ) -> ScenarioResult:
         """Summarise, pair (a candidate) and write one scenario's result. A parity failure
         with both servers up gets a parity pass that tells a near-tie apart; ``kv_tokens``
-        (baseline, candidate) flags a pair of unequal KV capacity."""
+        (baseline, candidate) flags a pair of unequal KV capacity; ``level`` is that of the
+        look the paired rounds stopped at (default: the study's confidence)."""
         result = dataclasses.replace(self._side(side, scenario, side.role, rounds), replaced=replaced)
         if side.role is Role.CANDIDATE:
             s = self.study
@@ -237,7 +239,7 @@ class ScenarioMeter:
                 result,
                 s.gates,
                 require_parity=s.require_exact_match_at_t0,
-                level=s.policy.look_level if pairing is Pairing.INTERLEAVED else s.policy.level,
+                level=s.policy.level if level is None else level,
                 pairing=pairing,
                 calibration=side.candidate is not None and side.candidate.calibration,
                 strict_parity=s.strict_parity,

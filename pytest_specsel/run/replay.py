@@ -50,6 +50,7 @@ def replay_spec(
         study.temperature,
         study.backend.request_timeout_s,
         warmup.prompts if warmup is not None else (),
+        warmup_max_tokens=study.warmup_max_tokens,
     )
 
 

@@ -125,6 +125,9 @@ def _run(r: Mapping[str, Any], loc: _Locator) -> dict[str, Any]:
     out["warmup"] = typed(r["warmup"], int, "run.warmup", loc)
     if out["warmup"] < 0:
         raise loc.error("run.warmup", f"{out['warmup']!r} must be >= 0")
+    out["warmup_max_tokens"] = typed(r["warmup_max_tokens"], int, "run.warmup_max_tokens", loc)
+    if out["warmup_max_tokens"] < 0:
+        raise loc.error("run.warmup_max_tokens", f"{out['warmup_max_tokens']!r} must be >= 0 (0: max_tokens)")
     temperature = out["temperature"] = typed(r["temperature"], float, "run.temperature", loc)
     if temperature < 0:
         raise loc.error("run.temperature", f"{temperature!r} must be >= 0")
@@ -170,9 +173,16 @@ def _policy(r: Mapping[str, Any], loc: _Locator) -> RoundPolicy:
     if latency not in LATENCY_REQUESTS:
         raise loc.error("run.latency_requests", f"{latency!r} must be one of {', '.join(LATENCY_REQUESTS)}")
     again = typed(r["remeasure_disturbed"], bool, "run.remeasure_disturbed", loc)
-    budget_s = budget or None
+    every = typed(r["until_all_gates"], bool, "run.until_all_gates", loc)
     return RoundPolicy(
-        low, high, level, adaptive, budget_s=budget_s, latency_requests=latency, remeasure_disturbed=again
+        low,
+        high,
+        level,
+        adaptive,
+        until_all_gates=every,
+        budget_s=budget or None,
+        latency_requests=latency,
+        remeasure_disturbed=again,
     )
 
 

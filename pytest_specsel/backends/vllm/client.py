@@ -273,18 +273,21 @@ class HttpBenchClient:
         return run_loop(self._run(spec, hooks or ReplayHooks()))
 
     async def _warmup(self, session: aiohttp.ClientSession, url: str, spec: ReplaySpec) -> None:
-        """Sequential, not measured; cycling is fine here, nothing is counted."""
-        errors = []
+        """Not measured: ``spec.warmup`` waves of ``spec.concurrency`` requests at once, each
+        asking for ``spec.warmup_tokens`` tokens; cycling is fine here, nothing is counted."""
         warm = spec.warmup_prompts or spec.prompts
-        for i in range(spec.warmup):
-            p = warm[i % len(warm)]
-            payload = _payload(spec.model, p, spec.max_tokens, spec.temperature)
-            r = await stream_one(session, url, payload, p, -1, self._clock(), self._clock)
-            if not r.ok:
-                errors.append(r.error)
-        if spec.warmup and len(errors) == spec.warmup:
+        errors: list[str | None] = []
+        for wave in range(spec.warmup):
+            prompts = [warm[(wave * spec.concurrency + i) % len(warm)] for i in range(spec.concurrency)]
+            payloads = [_payload(spec.model, p, spec.warmup_tokens, spec.temperature) for p in prompts]
+            now = self._clock()
+            done = await asyncio.gather(
+                *(stream_one(session, url, q, p, -1, now, self._clock) for q, p in zip(payloads, prompts, strict=True))
+            )
+            errors += [r.error for r in done if not r.ok]
+        if spec.warmup and len(errors) == spec.warmup_requests:
             raise WarmupError(
-                f"specsel: all {spec.warmup} warmup requests to {url} failed; first error: {errors[0]}"
+                f"specsel: all {spec.warmup_requests} warmup requests to {url} failed; first error: {errors[0]}"
             )
 
     async def _run(self, spec: ReplaySpec, hooks: ReplayHooks) -> ClientRun:
@@ -321,4 +324,4 @@ class HttpBenchClient:
             duration = self._clock() - start
         order = {(rep, p.request_id): i for i, (rep, p) in enumerate(jobs)}
         ordered = sorted(sink, key=lambda r: order.get((r.repeat, r.request_id), len(order)))
-        return ClientRun(tuple(ordered), spec.warmup, duration, load)
+        return ClientRun(tuple(ordered), spec.warmup_requests, duration, load)
