@@ -228,24 +228,43 @@ class TestRunPairs:
         from pytest_specsel.core.records import Role
         from pytest_specsel.core.records import Thresholds
 
+        # noisy pairs: about 21 pairs would decide the speedup, the E2E ratio as many
         run = run_pairs(
             _arm(Role.BASELINE, [20.0, 21.0, 19.0, 20.5], []),
-            _arm(Role.CANDIDATE, [24.5, 23.5, 24.0, 22.5], []),
+            _arm(Role.CANDIDATE, [24.5, 21.0, 26.0, 22.5], []),
             RoundPolicy(min_pairs=3, max_pairs=4),
             Thresholds(),
         )
         assert len(run.candidate) == 3
 
 
-def test_a_tail_gate_below_the_pooling_minimum_asks_for_the_pairs_that_pool_it():
-    """3 pairs at c4 give 5 steady requests a side per pair, 15 < 20: however narrow its
-    per-round fallback looks, the planner aims at 4 pairs, where the pooled p95 takes over."""
+def test_a_tail_gate_below_the_pooling_minimum_has_no_need_until_pooled():
+    """3 pairs at c4 give 5 steady requests a side per pair, 15 < 20: a per-round fallback's
+    spread says nothing of the pooled p95's, so such a gate names no need but the pairs
+    that pool it (4), and the planner gives it the most pairs that fit, at least those."""
     from pytest_specsel.core.interleave import undecided_needs
+    from pytest_specsel.core.interleave import unpooled_minimums
     from pytest_specsel.core.intervals import PairedIntervals
     from pytest_specsel.core.records import Thresholds
+
     from pytest_specsel.core.tails import FALLBACK_METHOD
 
     fallback = Interval(1.25, 1.05, 1.49, 0.99, 3, 0.01, FALLBACK_METHOD, requests=30)
     pooled = dataclasses.replace(fallback, method="pooled")
-    assert undecided_needs(PairedIntervals(None, fallback, None), Thresholds()) == [4]
+    assert undecided_needs(PairedIntervals(None, fallback, None), Thresholds()) == []
+    assert unpooled_minimums(PairedIntervals(None, fallback, None), Thresholds()) == [4]
     assert undecided_needs(PairedIntervals(None, pooled, None), Thresholds()) == [3]
+    assert unpooled_minimums(PairedIntervals(None, pooled, None), Thresholds()) == []
+    budget = RoundPolicy(min_pairs=3, max_pairs=10, budget_s=100.0)
+    # 3 pairs in 30 s: 10 pairs fit the 100 s, so the unpooled gate gets all 10
+    assert budget.next_target(3, [], [GateState.UNDECIDED] * 3, 30.0, unpooled=[4]) == 10
+    # 3 pairs in 75 s: only one more fits, short of the 4 that pool it: stop
+    assert budget.next_target(3, [], [GateState.UNDECIDED] * 3, 75.0, unpooled=[5]) == 3
+
+
+def test_a_gate_the_last_looks_level_would_already_decide_gets_one_more_pair():
+    """pairs_to_decide says 3 (at the last look's level the interval measured at 3 pairs
+    would decide); the first look's stricter level did not: the second look comes one pair
+    later, not never (it stopped at 3 with the gate undecided)."""
+    policy = RoundPolicy(min_pairs=3, max_pairs=10, budget_s=140.0)
+    assert policy.next_target(3, [3], [GateState.UNDECIDED] * 3, 60.0) == 4

@@ -227,6 +227,24 @@ class TestTheRule:
         ]
 
 
+    def test_each_candidate_gets_its_speedup_against_load_and_the_crossover(self):
+        from pytest_specsel.files.report_recommendation import recommendation_lines
+
+        g1 = (state("g1_ngram"), {"repetition-c1": view("g1_ngram"),
+                                  "repetition-c4": view("g1_ngram", "repetition-c4", speedup=(0.8, 0.7, 0.9))})  # fmt: skip
+        aa = (state("aa_calibration", "baseline", calibration=True), {"repetition-c1": view("aa_calibration")})
+        rec = run(g1, aa, scenarios=("repetition-c1", "repetition-c4"))
+        (x,) = rec.workloads[0].crossovers  # the calibration candidate has none
+        assert (x.candidate, x.winning_up_to, x.losing_from, x.accepted_levels) == ("g1_ngram", 1, 4, (1,))
+        doc = rec.to_json()["workloads"]["repetition"]["crossover"]["g1_ngram"]
+        assert doc["statement"] == "crossover between c1 (wins) and c4 (loses); accepted at c1"
+        assert doc["levels"]["4"] == {"speedup": 0.8, "low": 0.7, "high": 0.9, "pairs": 3, "side": "loses"}
+        assert (
+            "repetition g1_ngram against load: c1 1.50x [1.30, 1.70], c4 0.80x [0.70, 0.90]: "
+            "crossover between c1 (wins) and c4 (loses); accepted at c1"
+        ) in recommendation_lines(rec.to_json(), None)
+
+
 class TestWouldNeed:
     def test_the_needed_thresholds_are_each_intervals_far_end(self):
         gates = Thresholds(min_throughput_speedup=1.5)

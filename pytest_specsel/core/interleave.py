@@ -39,6 +39,7 @@ __all__ = [
     "ratio_states",
     "run_pairs",
     "undecided_needs",
+    "unpooled_minimums",
 ]
 
 #: runs one round of one arm: (index within the arm) -> (round, interrupt to re-raise)
@@ -112,19 +113,26 @@ def undecided_needs(
 ) -> list[int | None]:
     """Per undecided ratio gate: about how many pairs in all would decide it, its interval
     computed at ``level`` (default: the level it was computed at). A tail gate that fell
-    back to per-round p95s (too few requests to pool) needs at least the pairs that give it
-    :data:`~pytest_specsel.core.tails.MIN_POOLED` requests a side."""
-    out = []
-    for i, limit, op in _rows(intervals, gates):
-        if i is None or gate_state(i, limit, op) is not GateState.UNDECIDED:
-            continue
-        at = i if level is None else dataclasses.replace(i, level=level)
-        needed = pairs_to_decide(at, limit)
-        if i.method == FALLBACK_METHOD and i.requests:
-            pool = math.ceil(MIN_POOLED / (i.requests / (2 * i.pairs)))
-            needed = max(needed or pool, pool)
-        out.append(needed)
-    return out
+    back to per-round p95s has no need here (:func:`unpooled_minimums`)."""
+    return [
+        pairs_to_decide(i if level is None else dataclasses.replace(i, level=level), limit)
+        for i, limit, op in _rows(intervals, gates)
+        if i is not None and gate_state(i, limit, op) is GateState.UNDECIDED and i.method != FALLBACK_METHOD
+    ]
+
+
+def unpooled_minimums(intervals: PairedIntervals, gates: Thresholds) -> list[int]:
+    """Per undecided tail gate below the pooling minimum: the pairs in all that give it
+    :data:`~pytest_specsel.core.tails.MIN_POOLED` steady requests a side. The per-round
+    p95s' spread says nothing of the pooled p95's, so its need is not known before then."""
+    return [
+        math.ceil(MIN_POOLED / (i.requests / (2 * i.pairs)))
+        for i, limit, op in _rows(intervals, gates)
+        if i is not None
+        and i.method == FALLBACK_METHOD
+        and i.requests
+        and gate_state(i, limit, op) is GateState.UNDECIDED
+    ]
 
 
 def run_pairs(
@@ -178,7 +186,8 @@ def run_pairs(
         )
         states = ratio_states(intervals, gates)
         needs = undecided_needs(intervals, gates, levels[-1])
-        target = policy.next_target(pairs, needs, states, clock() - start)
+        unpooled = unpooled_minimums(intervals, gates)
+        target = policy.next_target(pairs, needs, states, clock() - start, unpooled)
         if target <= pairs:
             return done()
 

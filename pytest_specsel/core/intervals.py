@@ -260,24 +260,36 @@ class RoundPolicy:
         return not (any(s is GateState.FAILED for s in states) or all(s is GateState.PASSED for s in states))
 
     def next_target(
-        self, pairs: int, needed: Sequence[int | None], states: Sequence[GateState], elapsed_s: float
+        self,
+        pairs: int,
+        needed: Sequence[int | None],
+        states: Sequence[GateState],
+        elapsed_s: float,
+        unpooled: Sequence[int] = (),
     ) -> int:
         """After the first look at ``pairs`` pairs: how many pairs in all to measure before
         the second (last) look; ``pairs`` to stop now.
 
-        :param needed: per undecided gate, about how many pairs in all would decide it
-            (:func:`pairs_to_decide`; None: its estimate sits on the threshold).
+        :param needed: per undecided gate, about how many pairs in all would decide it at
+            the last look's level (:func:`pairs_to_decide`; None: its estimate sits on the
+            threshold). One the last look would decide at ``pairs`` already (the first
+            look's level is stricter) needs one pair more.
+        :param unpooled: per undecided tail gate too small to pool yet, the pairs that
+            would pool it: its need is unknown, so it asks for the most pairs that fit,
+            if those pool it.
         The target is the most pairs that decide some undecided gate and still fit both
         ``max_pairs`` and the time left in ``budget_s`` at the pace measured so far.
         """
         if not self.adaptive or not self.is_open(states) or pairs < self.min_pairs:
             return pairs
         pace = elapsed_s / pairs if pairs else 0.0
-        fits = [
-            n
-            for n in needed
-            if n is not None
-            and pairs < n <= self.max_pairs
-            and (self.budget_s is None or elapsed_s + pace * (n - pairs) <= self.budget_s)
-        ]
-        return max(fits, default=pairs)
+
+        def fits(n: int) -> bool:
+            return pairs < n <= self.max_pairs and (
+                self.budget_s is None or elapsed_s + pace * (n - pairs) <= self.budget_s
+            )
+
+        found = [m for n in needed if n is not None and fits(m := max(n, pairs + 1))]
+        most = max((n for n in range(pairs + 1, self.max_pairs + 1) if fits(n)), default=pairs)
+        found += [most for m in unpooled if most >= m]
+        return max(found, default=pairs)

@@ -24,6 +24,9 @@ from pytest_specsel.core.readings import WOULD_NEED_LABEL
 from pytest_specsel.core.readings import Level
 from pytest_specsel.core.readings import Schedule
 from pytest_specsel.core.readings import WouldNeed
+from pytest_specsel.core.crossover import Crossover
+from pytest_specsel.core.crossover import LevelSpeedup
+from pytest_specsel.core.crossover import crossover
 from pytest_specsel.core.readings import schedule
 from pytest_specsel.core.readings import would_need
 from pytest_specsel.core.records import EvidenceStatus
@@ -118,6 +121,8 @@ class WorkloadChoice:
     levels: tuple[Choice, ...]
     schedule: Schedule | None
     schedule_reason: str
+    #: per candidate of the track: its speedup against load and the crossover (``crossover.py``)
+    crossovers: tuple[Crossover, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -143,6 +148,7 @@ class Recommendation:
                     "levels": {str(c.concurrency): to_json(c) for c in w.levels},
                     "per_batch_size_schedule": to_json(w.schedule) if w.schedule else None,
                     "per_batch_size_schedule_reason": w.schedule_reason,
+                    "crossover": {x.candidate: x.to_json() for x in w.crossovers},
                 }
                 for w in self.workloads
             },
@@ -289,18 +295,30 @@ def recommend(
     basis = _Basis(track, baseline, tuple(preference), commands, configs)
     others = [(s, {v.scenario: v for v in vs}) for s, vs in states if not s.candidate.is_baseline]
     by_workload: dict[str, list[Choice]] = {}
+    sweeps: dict[str, dict[str, list[LevelSpeedup]]] = {}
     groups: dict[str, Contender] = {}
     for base in next((vs for s, vs in states if s is base_state), ()):
         found = [contender(s, vs[base.scenario]) for s, vs in others if base.scenario in vs]
         groups.update((c.name, c) for c in found)
         by_workload.setdefault(base.workload, []).append(choose(base, found, basis))
+        for c in found:
+            if not c.calibration and c.track == track:
+                sweeps.setdefault(base.workload, {}).setdefault(c.name, []).append(_speedup_at(base.concurrency, c))
     workloads = []
     for workload, choices in by_workload.items():
         choices.sort(key=lambda c: c.concurrency)
         levels = [_level(c, groups.get(c.choice)) for c in choices]
         plan, why = schedule(levels, configs, *probe)
-        workloads.append(WorkloadChoice(workload, tuple(choices), plan, why))
+        crossings = tuple(crossover(name, found) for name, found in sweeps.get(workload, {}).items())
+        workloads.append(WorkloadChoice(workload, tuple(choices), plan, why, crossings))
     return Recommendation(track, baseline, tuple(preference), probe[0], probe[1], tuple(workloads))
+
+
+def _speedup_at(level: int, c: Contender) -> LevelSpeedup:
+    ev = c.view.evidence
+    iv = ev.throughput_speedup_interval if ev is not None else None
+    estimate, low, high = c.speedup()
+    return LevelSpeedup(level, estimate, low, high, iv.pairs if iv is not None else 0, c.accepted)
 
 
 def _level(choice: Choice, chosen: Contender | None) -> Level:

@@ -85,8 +85,21 @@ def recommendation_lines(recommendation: Mapping[str, Any] | None, run_dir: Path
             lines.append(
                 f"{workload} per-batch-size schedule: none: {doc.get('per_batch_size_schedule_reason')}"
             )
+        lines += [f"{workload} {name} against load: {_sweep_text(x)}" for name, x in _crossovers(doc)]
     lines.append(f"(would need: {recommendation.get('would_need_label')})")
     return lines
+
+
+def _crossovers(doc: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    return list((doc.get("crossover") or {}).items())
+
+
+def _sweep_text(x: Mapping[str, Any]) -> str:
+    """``c1 1.20x [1.10, 1.31], c4 0.81x [0.75, 0.88]: <statement>``."""
+    levels = ", ".join(
+        f"c{level} {s['speedup']:.2f}x [{s['low']:.2f}, {s['high']:.2f}]" for level, s in x["levels"].items()
+    )
+    return f"{levels}: {x['statement']}"
 
 
 def shell_line(env: Mapping[str, str], argv: Sequence[str]) -> str:
@@ -140,6 +153,7 @@ def recommendation_html(recommendation: Mapping[str, Any] | None, run_dir: Path 
             out.append(
                 f"<p>per-batch-size schedule: none: {esc(doc.get('per_batch_size_schedule_reason'))}</p>"
             )
+        out += [f"<p>{esc(name)} against load: {esc(_sweep_text(x))}</p>" for name, x in _crossovers(doc)]
     out.append(f"<p><small>would need: {esc(recommendation.get('would_need_label'))}</small></p>")
     return "".join(out)
 
