@@ -107,7 +107,9 @@ class TestPlanner:
         # by default every gate counts: a failed one does not end the pairs for the others
         assert self.policy.until_all_gates
         assert self.policy.next_target(3, [5], [GateState.FAILED, GateState.UNDECIDED], 1.0) == 5
-        assert self.policy.next_target(3, [], [GateState.FAILED, GateState.PASSED, GateState.PASSED], 1.0) == 3
+        assert (
+            self.policy.next_target(3, [], [GateState.FAILED, GateState.PASSED, GateState.PASSED], 1.0) == 3
+        )
         verdict = dataclasses.replace(self.policy, until_all_gates=False)
         assert verdict.next_target(3, [5], [GateState.FAILED, GateState.UNDECIDED], 1.0) == 3
         assert verdict.next_target(3, [], [GateState.PASSED] * 3, 1.0) == 3
@@ -194,7 +196,10 @@ class TestRunPairs:
 
         policy = RoundPolicy(min_pairs=3, max_pairs=10)
         clear = run_pairs(
-            _arm(Role.BASELINE, [20.0, 21.0, 19.5], []), _arm(Role.CANDIDATE, [14.0, 14.5, 13.8], []), policy, Thresholds()
+            _arm(Role.BASELINE, [20.0, 21.0, 19.5], []),
+            _arm(Role.CANDIDATE, [14.0, 14.5, 13.8], []),
+            policy,
+            Thresholds(),
         )
         assert len(clear.candidate) == 3 and clear.level == pytest.approx(0.99)
         near = run_pairs(
@@ -246,7 +251,6 @@ def test_a_tail_gate_below_the_pooling_minimum_has_no_need_until_pooled():
     from pytest_specsel.core.interleave import unpooled_minimums
     from pytest_specsel.core.intervals import PairedIntervals
     from pytest_specsel.core.records import Thresholds
-
     from pytest_specsel.core.tails import FALLBACK_METHOD
 
     fallback = Interval(1.25, 1.05, 1.49, 0.99, 3, 0.01, FALLBACK_METHOD, requests=30)

@@ -226,13 +226,15 @@ class TestTheRule:
             (4, TARGET_ONLY),
         ]
 
-
     def test_each_candidate_gets_its_speedup_against_load_and_the_crossover(self):
         from pytest_specsel.files.report_recommendation import recommendation_lines
 
         g1 = (state("g1_ngram"), {"repetition-c1": view("g1_ngram"),
                                   "repetition-c4": view("g1_ngram", "repetition-c4", speedup=(0.8, 0.7, 0.9))})  # fmt: skip
-        aa = (state("aa_calibration", "baseline", calibration=True), {"repetition-c1": view("aa_calibration")})
+        aa = (
+            state("aa_calibration", "baseline", calibration=True),
+            {"repetition-c1": view("aa_calibration")},
+        )
         rec = run(g1, aa, scenarios=("repetition-c1", "repetition-c4"))
         (x,) = rec.workloads[0].crossovers  # the calibration candidate has none
         assert (x.candidate, x.winning_up_to, x.losing_from, x.accepted_levels) == ("g1_ngram", 1, 4, (1,))

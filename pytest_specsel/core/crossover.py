@@ -92,7 +92,7 @@ def crossover(candidate: str, levels: Sequence[LevelSpeedup]) -> Crossover:
     high_win = max(wins) if wins else None
     low_loss = min(losses) if losses else None
     monotone = high_win is None or low_loss is None or high_win < low_loss
-    sweep = f"{_names([s.level for s in ordered])}" if ordered else "no level"
+    sweep = _names([s.level for s in ordered])
     if not ordered:
         statement = "no level measured"
     elif not monotone:

@@ -157,8 +157,9 @@ def run_pairs(
 
     def done(interrupt: KeyboardInterrupt | None = None, level: float | None = None) -> PairRun:
         b, c = tuple(runs[Role.BASELINE]), tuple(runs[Role.CANDIDATE])
-        if level is None:  # an interrupted run is read as at the look it was heading for
-            level = levels[min(looked, len(levels) - 1)] if interrupt is not None else levels[max(looked - 1, 0)]
+        if level is None:
+            # the look it stopped at; an interrupted run, the look it was heading for
+            level = levels[min(looked, len(levels) - 1) if interrupt is not None else max(looked - 1, 0)]
         return PairRun(b, c, tuple(order), interrupt, tuple(replaced), level)
 
     while True:
@@ -208,8 +209,7 @@ def _remeasure(
     reasons = disturbance_reasons(runs[Role.BASELINE][-1], runs[Role.CANDIDATE][-1])
     if not reasons:
         return False
-    pace = elapsed_s / (pair + 1 + len(replaced))
-    if policy.budget_s is not None and elapsed_s + pace > policy.budget_s:
+    if not policy.room_for_more(pair + 1 + len(replaced), elapsed_s):
         return False
     replaced.append(ReplacedPair(pair, reasons, runs[Role.BASELINE].pop(), runs[Role.CANDIDATE].pop()))
     return True

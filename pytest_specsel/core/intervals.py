@@ -291,5 +291,6 @@ class RoundPolicy:
 
         found = [m for n in needed if n is not None and fits(m := max(n, pairs + 1))]
         most = max((n for n in range(pairs + 1, self.max_pairs + 1) if fits(n)), default=pairs)
-        found += [most for m in unpooled if most >= m]
+        if unpooled and most >= min(unpooled):
+            found.append(most)
         return max(found, default=pairs)

@@ -19,14 +19,14 @@ from pytest_specsel.core.contenders import Contender
 from pytest_specsel.core.contenders import contender
 from pytest_specsel.core.contenders import prefer
 from pytest_specsel.core.contenders import why_preferred
+from pytest_specsel.core.crossover import Crossover
+from pytest_specsel.core.crossover import LevelSpeedup
+from pytest_specsel.core.crossover import crossover
 from pytest_specsel.core.protocol import ServeCommand
 from pytest_specsel.core.readings import WOULD_NEED_LABEL
 from pytest_specsel.core.readings import Level
 from pytest_specsel.core.readings import Schedule
 from pytest_specsel.core.readings import WouldNeed
-from pytest_specsel.core.crossover import Crossover
-from pytest_specsel.core.crossover import LevelSpeedup
-from pytest_specsel.core.crossover import crossover
 from pytest_specsel.core.readings import schedule
 from pytest_specsel.core.readings import would_need
 from pytest_specsel.core.records import EvidenceStatus
@@ -301,9 +301,10 @@ def recommend(
         found = [contender(s, vs[base.scenario]) for s, vs in others if base.scenario in vs]
         groups.update((c.name, c) for c in found)
         by_workload.setdefault(base.workload, []).append(choose(base, found, basis))
+        sweep = sweeps.setdefault(base.workload, {})
         for c in found:
             if not c.calibration and c.track == track:
-                sweeps.setdefault(base.workload, {}).setdefault(c.name, []).append(_speedup_at(base.concurrency, c))
+                sweep.setdefault(c.name, []).append(_speedup_at(base.concurrency, c))
     workloads = []
     for workload, choices in by_workload.items():
         choices.sort(key=lambda c: c.concurrency)
@@ -315,10 +316,10 @@ def recommend(
 
 
 def _speedup_at(level: int, c: Contender) -> LevelSpeedup:
+    """``c``'s speedup at ``level``; 0 pairs for a point figure (``Contender.speedup``)."""
     ev = c.view.evidence
     iv = ev.throughput_speedup_interval if ev is not None else None
-    estimate, low, high = c.speedup()
-    return LevelSpeedup(level, estimate, low, high, iv.pairs if iv is not None else 0, c.accepted)
+    return LevelSpeedup(level, *c.speedup(), iv.pairs if iv is not None else 0, c.accepted)
 
 
 def _level(choice: Choice, chosen: Contender | None) -> Level:

@@ -176,9 +176,9 @@ class ScenarioMeter:
         baseline = self._side(base, scenario, Role.BASELINE, list(run.baseline))
         servers = (base_handle, handle)
         kv = (base.kv_tokens, side.kv_tokens)
-        result = self._record(
-            side, scenario, list(run.candidate), baseline, Pairing.INTERLEAVED, servers, run.replaced, kv, run.level
-        )
+        rounds = list(run.candidate)
+        pairing = Pairing.INTERLEAVED
+        result = self._record(side, scenario, rounds, baseline, pairing, servers, run.replaced, kv, run.level)
         return self._finish_measure(side.name, scenario, t0, result, run.interrupt)
 
     def _finish_measure(

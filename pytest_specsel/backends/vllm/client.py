@@ -282,12 +282,16 @@ class HttpBenchClient:
             payloads = [_payload(spec.model, p, spec.warmup_tokens, spec.temperature) for p in prompts]
             now = self._clock()
             done = await asyncio.gather(
-                *(stream_one(session, url, q, p, -1, now, self._clock) for q, p in zip(payloads, prompts, strict=True))
+                *(
+                    stream_one(session, url, q, p, -1, now, self._clock)
+                    for q, p in zip(payloads, prompts, strict=True)
+                )
             )
             errors += [r.error for r in done if not r.ok]
         if spec.warmup and len(errors) == spec.warmup_requests:
             raise WarmupError(
-                f"specsel: all {spec.warmup_requests} warmup requests to {url} failed; first error: {errors[0]}"
+                f"specsel: all {spec.warmup_requests} warmup requests to {url} failed; "
+                f"first error: {errors[0]}"
             )
 
     async def _run(self, spec: ReplaySpec, hooks: ReplayHooks) -> ClientRun:
