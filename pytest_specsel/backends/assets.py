@@ -105,7 +105,7 @@ def _estimate(
             return None, how
         space = study.backend.cpu_kvcache_space_gb
         return weights + space, f"{how} + KV space {space} GB"
-    kv_tokens = study.backend.max_model_len * max(study.concurrency)
+    kv_tokens = study.backend.max_model_len * study.peak_concurrency
     return models.estimate_memory_gb(
         folders,
         config,

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from collections.abc import Sequence
 
 from pytest_specsel.core.families import family_contract
+from pytest_specsel.core.openloop import speed_of
 from pytest_specsel.core.records import AssetKind
 from pytest_specsel.core.records import Verdict
 from pytest_specsel.core.results import CandidateState
@@ -42,12 +43,15 @@ class Contender:
         return self.view.decision is not None and self.view.decision.verdict is Verdict.ACCEPT
 
     def speedup(self) -> tuple[float, float, float]:
-        """(estimate, low, high) of the throughput speedup; a point figure is its own interval."""
+        """(estimate, low, high) of the speed gate's figure (throughput speedup; TPOT speedup
+        at a request rate); a point figure is its own interval."""
         ev = self.view.evidence
-        iv = ev.throughput_speedup_interval if ev is not None else None
+        if ev is None:
+            return 0.0, 0.0, 0.0
+        _, point, iv = speed_of(ev)
         if iv is not None:
             return iv.estimate, iv.low, iv.high
-        point = ev.throughput_speedup if ev is not None and ev.throughput_speedup is not None else 0.0
+        point = point if point is not None else 0.0
         return point, point, point
 
     def speedup_text(self) -> str:

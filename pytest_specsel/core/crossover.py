@@ -28,7 +28,8 @@ __all__ = ["Crossover", "LevelSpeedup", "crossover"]
 class LevelSpeedup:
     """A candidate's throughput speedup at one load level, with its interval."""
 
-    level: int
+    #: the concurrency, or the request rate (``Crossover.unit`` says which)
+    level: float
     estimate: float
     low: float
     high: float
@@ -51,23 +52,27 @@ class Crossover:
     #: the levels it rests on, lowest first
     levels: tuple[LevelSpeedup, ...]
     #: the highest level whose interval lies wholly above 1.0 (None: none)
-    winning_up_to: int | None
+    winning_up_to: float | None
     #: the lowest level whose interval lies wholly below 1.0 (None: none)
-    losing_from: int | None
+    losing_from: float | None
     monotone: bool
     #: the levels whose decision was accept: the load range a deployment may use
-    accepted_levels: tuple[int, ...]
+    accepted_levels: tuple[float, ...]
     statement: str
+    #: "c": levels are concurrencies (throughput speedup); "r": request rates (TPOT speedup)
+    unit: str = "c"
 
     def to_json(self) -> dict[str, Any]:
         return {
             "statement": self.statement,
+            "load": "concurrency" if self.unit == "c" else "request_rate",
+            "figure": "throughput_speedup" if self.unit == "c" else "tpot_speedup",
             "winning_up_to": self.winning_up_to,
             "losing_from": self.losing_from,
             "monotone": self.monotone,
             "accepted_levels": list(self.accepted_levels),
             "levels": {
-                str(s.level): {
+                f"{s.level:g}": {
                     "speedup": s.estimate,
                     "low": s.low,
                     "high": s.high,
@@ -79,12 +84,13 @@ class Crossover:
         }
 
 
-def _names(levels: Sequence[int]) -> str:
-    return ", ".join(f"c{c}" for c in levels)
+def crossover(candidate: str, levels: Sequence[LevelSpeedup], unit: str = "c") -> Crossover:
+    """The crossover statement for one candidate over one workload's load levels: ``unit``
+    "c" for concurrencies, "r" for request rates (requests a second; TPOT speedup)."""
 
+    def _names(found: Sequence[float]) -> str:
+        return ", ".join(f"{unit}{c:g}" for c in found)
 
-def crossover(candidate: str, levels: Sequence[LevelSpeedup]) -> Crossover:
-    """The crossover statement for one candidate over one workload's load levels."""
     ordered = tuple(sorted(levels, key=lambda s: s.level))
     wins = [s.level for s in ordered if s.wins]
     losses = [s.level for s in ordered if s.loses]
@@ -98,12 +104,12 @@ def crossover(candidate: str, levels: Sequence[LevelSpeedup]) -> Crossover:
     elif not monotone:
         statement = f"not monotone: wins at {_names(wins)}, loses at {_names(losses)}"
     elif high_win is not None and low_loss is not None:
-        statement = f"crossover between c{high_win} (wins) and c{low_loss} (loses)"
+        statement = f"crossover between {unit}{high_win:g} (wins) and {unit}{low_loss:g} (loses)"
     elif high_win is not None:
-        statement = f"wins up to c{high_win}; no loss seen within the sweep ({sweep})"
+        statement = f"wins up to {unit}{high_win:g}; no loss seen within the sweep ({sweep})"
     elif low_loss is not None:
-        statement = f"loses from c{low_loss}; no win seen within the sweep ({sweep})"
+        statement = f"loses from {unit}{low_loss:g}; no win seen within the sweep ({sweep})"
     else:
         statement = f"no level decided against 1.0: no crossover seen within the sweep ({sweep})"
     statement += f"; accepted at {_names(accepted)}" if accepted else "; accepted at no level"
-    return Crossover(candidate, ordered, high_win, low_loss, monotone, accepted, statement)
+    return Crossover(candidate, ordered, high_win, low_loss, monotone, accepted, statement, unit)

@@ -13,6 +13,7 @@ from typing import Any
 from pytest_specsel.core.evidence import evidence_from_mapping
 from pytest_specsel.core.intervals import gate_state
 from pytest_specsel.core.intervals import pairs_to_decide
+from pytest_specsel.core.openloop import speed_of
 from pytest_specsel.core.records import Decision
 from pytest_specsel.core.records import EvidenceStatus
 from pytest_specsel.core.records import GateCheck
@@ -39,17 +40,24 @@ def _check(name: str, value: float, limit: float, op: GateOp, interval: Interval
 
 def gate_checks(evidence: PairEvidence, thresholds: Thresholds) -> tuple[GateCheck, ...]:
     """Evaluate every performance gate of comparable evidence (peak memory is a peak: no
-    interval)."""
-    assert evidence.throughput_speedup is not None and evidence.ttft_ratio is not None
+    interval). An open-loop pair's speed gate is its TPOT speedup (``core/openloop.py``)."""
+    speed, speedup, speed_interval = speed_of(evidence)
+    assert speedup is not None and evidence.ttft_ratio is not None
     assert evidence.e2e_p95_ratio is not None and evidence.candidate_peak_memory_mb is not None
+    # an open-loop pair with a goodput target is also held to the baseline's goodput
+    goodput = ()
+    if evidence.open_loop and evidence.goodput_ratio is not None:
+        goodput = (
+            _check(
+                "goodput_ratio",
+                evidence.goodput_ratio,
+                thresholds.min_goodput_ratio,
+                GateOp.AT_LEAST,
+                evidence.goodput_ratio_interval,
+            ),
+        )
     return (
-        _check(
-            "throughput_speedup",
-            evidence.throughput_speedup,
-            thresholds.min_throughput_speedup,
-            GateOp.AT_LEAST,
-            evidence.throughput_speedup_interval,
-        ),
+        _check(speed, speedup, thresholds.min_throughput_speedup, GateOp.AT_LEAST, speed_interval),
         _check(
             "ttft_ratio",
             evidence.ttft_ratio,
@@ -71,6 +79,7 @@ def gate_checks(evidence: PairEvidence, thresholds: Thresholds) -> tuple[GateChe
             GateOp.AT_MOST,
             None,
         ),
+        *goodput,
     )
 
 

@@ -93,11 +93,18 @@ def disturbance_reasons(baseline: Round, candidate: Round) -> tuple[str, ...]:
 
 
 def _rows(intervals: PairedIntervals, gates: Thresholds) -> tuple[tuple[Interval | None, float, GateOp], ...]:
-    """The three ratio gates: (interval, threshold, how it is held)."""
+    """The ratio gates: (interval, threshold, how it is held); in open loop the speed gate
+    is the TPOT speedup, and a goodput ratio is a gate where it was measured."""
+    goodput = (
+        ((intervals.goodput_ratio, gates.min_goodput_ratio, GateOp.AT_LEAST),)
+        if intervals.open_loop and intervals.goodput_ratio is not None
+        else ()
+    )
     return (
-        (intervals.throughput_speedup, gates.min_throughput_speedup, GateOp.AT_LEAST),
+        (intervals.speed, gates.min_throughput_speedup, GateOp.AT_LEAST),
         (intervals.ttft_ratio, gates.max_ttft_regression_ratio, GateOp.AT_MOST),
         (intervals.e2e_p95_ratio, gates.max_e2e_p95_regression_ratio, GateOp.AT_MOST),
+        *goodput,
     )
 
 

@@ -184,6 +184,16 @@ class PairedIntervals:
     throughput_speedup: Interval | None
     ttft_ratio: Interval | None
     e2e_p95_ratio: Interval | None
+    #: an open-loop scenario's (``core/openloop.py``): its speed gate reads the TPOT speedup
+    open_loop: bool = False
+    tpot_speedup: Interval | None = None
+    #: set only where the rounds were judged against a goodput target
+    goodput_ratio: Interval | None = None
+
+    @property
+    def speed(self) -> Interval | None:
+        """The interval the speed gate reads: TPOT speedup in open loop, else throughput."""
+        return self.tpot_speedup if self.open_loop else self.throughput_speedup
 
 
 def paired_intervals(

@@ -68,6 +68,9 @@ class RequestRecord:
     error: str | None = None
     #: per generated token, when asked for (the parity pass only; never in timed rounds)
     logprobs: tuple[TokenLogprob, ...] | None = None
+    #: open loop: seconds from the round's start at which the schedule said to send it
+    #: (``start_offset_s`` is when it was sent: later while the concurrency cap was full)
+    scheduled_offset_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -272,6 +275,10 @@ class Round:
     concurrency: int = 1
     #: the host's CPU and the server log's events over the window (None where unread)
     host: HostLoad | None = None
+    #: open loop: the requests per second it was sent at (``concurrency`` is then the cap)
+    request_rate: float | None = None
+    #: (TTFT, TPOT) goodput targets in ms the round is judged against (None: not set)
+    goodput_targets_ms: tuple[float | None, float | None] = (None, None)
 
     @property
     def flags(self) -> tuple[str, ...]:

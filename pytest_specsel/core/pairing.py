@@ -16,11 +16,14 @@ from collections.abc import Sequence
 from pytest_specsel.core.categories import by_category
 from pytest_specsel.core.decision import decide
 from pytest_specsel.core.evidence import build_pair_evidence
+from pytest_specsel.core.intervals import PairedIntervals
 from pytest_specsel.core.measurement import RequestRecord
 from pytest_specsel.core.measurement import Round
 from pytest_specsel.core.measurement import SpecTelemetry
 from pytest_specsel.core.measurement import noise_floor
 from pytest_specsel.core.measurement import pool_rounds
+from pytest_specsel.core.openloop import goodput
+from pytest_specsel.core.openloop import pooled_tpot_ms
 from pytest_specsel.core.parity import ParityResult
 from pytest_specsel.core.parity import TieCheck
 from pytest_specsel.core.parity import compare_outputs
@@ -136,6 +139,8 @@ def _with_intervals(
     if evidence.status is not EvidenceStatus.COMPARABLE:
         return evidence
     found = gate_intervals(candidate, baseline, level, latency)
+    if found.open_loop:
+        evidence = _open_loop(evidence, found, baseline, candidate, level)
     if not (found.throughput_speedup and found.ttft_ratio and found.e2e_p95_ratio):
         return evidence  # fewer than two pairs: point ratios of the pooled figures
     return dataclasses.replace(
@@ -146,6 +151,34 @@ def _with_intervals(
         throughput_speedup_interval=found.throughput_speedup,
         ttft_ratio_interval=found.ttft_ratio,
         e2e_p95_ratio_interval=found.e2e_p95_ratio,
+    )
+
+
+def _open_loop(
+    evidence: PairEvidence,
+    found: PairedIntervals,
+    baseline: Sequence[Round],
+    candidate: Sequence[Round],
+    level: float,
+) -> PairEvidence:
+    """An open-loop pair's TPOT speedup and goodput (``core/openloop.py``); the TPOT
+    speedup's point figure is the ratio of the pooled mean TPOTs below two pairs."""
+    speed = found.tpot_speedup
+    if speed is not None:
+        point: float | None = speed.estimate
+    else:
+        base, cand = pooled_tpot_ms(baseline), pooled_tpot_ms(candidate)
+        point = base / cand if base and cand else None
+    good = goodput(candidate, baseline, level)
+    return dataclasses.replace(
+        evidence,
+        open_loop=True,
+        tpot_speedup=point,
+        tpot_speedup_interval=speed,
+        goodput_baseline=good.baseline if good else None,
+        goodput_candidate=good.candidate if good else None,
+        goodput_ratio=good.ratio if good else None,
+        goodput_ratio_interval=good.interval if good else None,
     )
 
 

@@ -245,6 +245,16 @@ class ReplaySpec:
     #: tokens a warm-up request asks for (0: ``max_tokens``); a few warm the server's
     #: threads, caches and batch shapes as well as a whole answer does, in a fraction of the time
     warmup_max_tokens: int = 0
+    #: open loop: each measured request's send time, seconds from the round's start, in
+    #: request order (``core/arrivals.py``); empty: closed loop at ``concurrency``, which
+    #: is then the cap on requests in flight
+    arrivals: tuple[float, ...] = ()
+    #: the open-loop rate the arrivals were drawn at (None: closed loop)
+    request_rate: float | None = None
+    #: every request generates exactly its max_tokens (vLLM's ``ignore_eos``)
+    ignore_eos: bool = False
+    #: (TTFT, TPOT) goodput targets in ms the round is judged against (None: not set)
+    goodput_targets_ms: tuple[float | None, float | None] = (None, None)
 
     @property
     def warmup_requests(self) -> int:

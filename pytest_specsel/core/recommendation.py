@@ -22,6 +22,7 @@ from pytest_specsel.core.contenders import why_preferred
 from pytest_specsel.core.crossover import Crossover
 from pytest_specsel.core.crossover import LevelSpeedup
 from pytest_specsel.core.crossover import crossover
+from pytest_specsel.core.openloop import speed_of
 from pytest_specsel.core.protocol import ServeCommand
 from pytest_specsel.core.readings import WOULD_NEED_LABEL
 from pytest_specsel.core.readings import Level
@@ -111,6 +112,8 @@ class Choice:
     raw_files: tuple[str, ...]
     would_need: tuple[WouldNeed, ...]
     serve: Serve
+    #: an open-loop level: requests per second (``concurrency`` is then its cap)
+    request_rate: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -123,6 +126,9 @@ class WorkloadChoice:
     schedule_reason: str
     #: per candidate of the track: its speedup against load and the crossover (``crossover.py``)
     crossovers: tuple[Crossover, ...] = ()
+    #: the open-loop levels, by rate, and their crossovers (on the TPOT speedup)
+    rates: tuple[Choice, ...] = ()
+    rate_crossovers: tuple[Crossover, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -149,6 +155,8 @@ class Recommendation:
                     "per_batch_size_schedule": to_json(w.schedule) if w.schedule else None,
                     "per_batch_size_schedule_reason": w.schedule_reason,
                     "crossover": {x.candidate: x.to_json() for x in w.crossovers},
+                    "rates": {f"{c.request_rate:g}": to_json(c) for c in w.rates},
+                    "rate_crossover": {x.candidate: x.to_json() for x in w.rate_crossovers},
                 }
                 for w in self.workloads
             },
@@ -259,6 +267,7 @@ def choose(base: ScenarioView, contenders: Sequence[Contender], basis: _Basis) -
         scenario=base.scenario,
         workload=base.workload,
         concurrency=base.concurrency,
+        request_rate=base.request_rate,
         choice=choice,
         rule=rule,
         tie=rule is Rule.TIE_BROKEN_BY_PREFERENCE,
@@ -294,31 +303,38 @@ def recommend(
     configs = {s.name: s.launch_config for s, _ in states}
     basis = _Basis(track, baseline, tuple(preference), commands, configs)
     others = [(s, {v.scenario: v for v in vs}) for s, vs in states if not s.candidate.is_baseline]
-    by_workload: dict[str, list[Choice]] = {}
-    sweeps: dict[str, dict[str, list[LevelSpeedup]]] = {}
+    # closed-loop levels and request rates apart: (workload, open loop) -> choices, sweeps
+    by_workload: dict[tuple[str, bool], list[Choice]] = {}
+    sweeps: dict[tuple[str, bool], dict[str, list[LevelSpeedup]]] = {}
     groups: dict[str, Contender] = {}
     for base in next((vs for s, vs in states if s is base_state), ()):
         found = [contender(s, vs[base.scenario]) for s, vs in others if base.scenario in vs]
         groups.update((c.name, c) for c in found)
-        by_workload.setdefault(base.workload, []).append(choose(base, found, basis))
-        sweep = sweeps.setdefault(base.workload, {})
+        key = (base.workload, base.request_rate is not None)
+        by_workload.setdefault(key, []).append(choose(base, found, basis))
+        sweep = sweeps.setdefault(key, {})
+        at = base.request_rate if base.request_rate is not None else base.concurrency
         for c in found:
             if not c.calibration and c.track == track:
-                sweep.setdefault(c.name, []).append(_speedup_at(base.concurrency, c))
+                sweep.setdefault(c.name, []).append(_speedup_at(at, c))
     workloads = []
-    for workload, choices in by_workload.items():
-        choices.sort(key=lambda c: c.concurrency)
+    for workload in dict.fromkeys(w for w, _ in by_workload):
+        choices = sorted(by_workload.get((workload, False), []), key=lambda c: c.concurrency)
+        rates = sorted(by_workload.get((workload, True), []), key=lambda c: c.request_rate or 0.0)
         levels = [_level(c, groups.get(c.choice)) for c in choices]
-        plan, why = schedule(levels, configs, *probe)
-        crossings = tuple(crossover(name, found) for name, found in sweeps.get(workload, {}).items())
-        workloads.append(WorkloadChoice(workload, tuple(choices), plan, why, crossings))
+        plan, why = schedule(levels, configs, *probe) if levels else (None, "no closed-loop level measured")
+        crossings = tuple(crossover(n, f) for n, f in sweeps.get((workload, False), {}).items())
+        at_rates = tuple(crossover(n, f, "r") for n, f in sweeps.get((workload, True), {}).items())
+        workloads.append(
+            WorkloadChoice(workload, tuple(choices), plan, why, crossings, tuple(rates), at_rates)
+        )
     return Recommendation(track, baseline, tuple(preference), probe[0], probe[1], tuple(workloads))
 
 
-def _speedup_at(level: int, c: Contender) -> LevelSpeedup:
+def _speedup_at(level: float, c: Contender) -> LevelSpeedup:
     """``c``'s speedup at ``level``; 0 pairs for a point figure (``Contender.speedup``)."""
     ev = c.view.evidence
-    iv = ev.throughput_speedup_interval if ev is not None else None
+    iv = speed_of(ev)[2] if ev is not None else None
     return LevelSpeedup(level, *c.speedup(), iv.pairs if iv is not None else 0, c.accepted)
 
 

@@ -10,6 +10,9 @@ from collections.abc import Callable
 from collections.abc import Mapping
 from typing import Any
 
+from pytest_specsel.core.jsonable import optional_float
+from pytest_specsel.core.jsonable import to_json
+
 __all__ = [
     "Admission",
     "AdmissionFacts",
@@ -169,38 +172,6 @@ class ExecutionPath(enum.StrEnum):
     SPECULATIVE = "speculative"
 
 
-def to_json(record: Any) -> dict[str, Any]:
-    """Turn a record into a JSON-ready dict; every field is written, unknown types raise.
-
-    :param record: a dataclass instance from this package.
-    :return: a new dict, enums as their string values, tuples as lists.
-    :raises TypeError: for a value JSON cannot carry.
-    """
-    data = {f.name: _plain(getattr(record, f.name)) for f in dataclasses.fields(record)}
-    assert len(data) == len(dataclasses.fields(record))  # no field forgotten
-    return data
-
-
-def optional_float(data: Mapping[str, Any], key: str) -> float | None:
-    """``data[key]`` as a float; missing or None stays None (never 0)."""
-    value = data.get(key)
-    return None if value is None else float(value)
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, enum.Enum):
-        return value.value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return to_json(value)
-    if isinstance(value, tuple | list):
-        return [_plain(v) for v in value]
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    raise TypeError(f"specsel: cannot write {type(value).__name__} {value!r} as JSON")
-
-
 #: checks a family's ``options`` table: returns what is wrong, or None
 OptionsCheck = Callable[[Mapping[str, Any]], "str | None"]
 
@@ -340,6 +311,15 @@ class PairEvidence:
     flags: tuple[str, ...] = ()
     #: pairs measured once more after a disturbed round, and why (raw file: their first rounds)
     replaced_pairs: tuple[str, ...] = ()
+    #: open loop (``core/openloop.py``): the speed gate is the TPOT speedup (baseline TPOT
+    #: over candidate's); goodput (share within the targets) where a target is set
+    open_loop: bool = False
+    tpot_speedup: float | None = None
+    tpot_speedup_interval: Interval | None = None
+    goodput_baseline: float | None = None
+    goodput_candidate: float | None = None
+    goodput_ratio: float | None = None
+    goodput_ratio_interval: Interval | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -350,6 +330,8 @@ class Thresholds:
     max_ttft_regression_ratio: float = 1.10
     max_e2e_p95_regression_ratio: float = 1.05
     max_peak_memory_mb: float = 10500.0
+    #: open loop with a goodput target: the least candidate / baseline goodput
+    min_goodput_ratio: float = 0.95
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

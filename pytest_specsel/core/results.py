@@ -55,22 +55,37 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Scenario:
-    """One workload at one concurrency; also the pytest parameter of a candidate test."""
+    """One workload at one load level, closed-loop concurrency or an open-loop request rate;
+    also the pytest parameter of a candidate test."""
 
     workload: str
+    #: closed loop: the concurrent requests; open loop: the cap on requests in flight
     concurrency: int
+    #: open loop: requests per second (``core/arrivals.py``); None: closed loop
+    request_rate: float | None = None
 
     @property
     def key(self) -> str:
+        if self.request_rate is not None:
+            return f"{self.workload}-r{self.request_rate:g}"
         return f"{self.workload}-c{self.concurrency}"
+
+    @property
+    def level(self) -> str:
+        """The load level as printed: ``c4`` or ``r0.5``."""
+        return self.key.removeprefix(f"{self.workload}-")
 
     def __str__(self) -> str:
         return self.key
 
 
 def scenarios_of(study: Study) -> list[Scenario]:
-    """A study's scenarios: every workload at every concurrency, in study order."""
-    return [Scenario(w, c) for w in study.workloads for c in study.concurrency]
+    """A study's scenarios: every workload at every concurrency, then at every request rate
+    (capped at ``study.rate_cap``), in study order."""
+    return [
+        *(Scenario(w, c) for w in study.workloads for c in study.concurrency),
+        *(Scenario(w, study.rate_cap, r) for w in study.workloads for r in study.request_rate),
+    ]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -157,6 +172,8 @@ class ScenarioView:
     track: str
     run_status: RunStatus
     error: str | None = None
+    #: open loop: requests per second (``concurrency`` is then the cap); None: closed loop
+    request_rate: float | None = None
     #: relative to the run folder
     raw_path: str | None = None
     rounds: int = 0
@@ -221,6 +238,7 @@ def view_of(result: ScenarioResult, root: Path) -> ScenarioView:
         scenario=result.scenario.key,
         workload=result.scenario.workload,
         concurrency=result.scenario.concurrency,
+        request_rate=result.scenario.request_rate,
         role=result.role,
         track=result.track,
         run_status=result.run_status,
@@ -259,6 +277,7 @@ def not_run_view(state: CandidateState, scenario: Scenario, role: Role) -> Scena
         scenario=scenario.key,
         workload=scenario.workload,
         concurrency=scenario.concurrency,
+        request_rate=scenario.request_rate,
         role=role,
         track=state.track,
         run_status=state.run_status,

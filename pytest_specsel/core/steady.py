@@ -5,6 +5,7 @@ first token wait for the others' prefill, so their TTFT (and E2E) measure the bu
 the server's steady state. Those ``C - 1`` requests are the round's **ramp-in**; the
 latency gates read the other requests (``run.latency_requests = "steady"``, the default)
 or all of them (``"all"``). The ramp-in stays in the raw file, marked, and in the report.
+An open-loop round (a request rate) has no opening burst: all its requests are steady.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pytest_specsel.core.measurement import Round
 from pytest_specsel.core.measurement import ScenarioFigures
 from pytest_specsel.core.measurement import scenario_figures
 
-__all__ = ["LATENCY_REQUESTS", "latency_figures", "ramp_in", "steady_requests"]
+__all__ = ["LATENCY_REQUESTS", "latency_figures", "ramp_in", "round_ramp_in", "steady_requests"]
 
 #: which requests a round's latency figures read
 LATENCY_REQUESTS = ("steady", "all")
@@ -33,9 +34,15 @@ def ramp_in(requests: Sequence[RequestRecord], concurrency: int) -> frozenset[st
     return frozenset(f"{r.request_id}#{r.repeat}" for r in burst if r is not first)
 
 
+def round_ramp_in(r: Round) -> frozenset[str]:
+    """A round's ramp-in; an open-loop round has none (its requests arrive on a schedule,
+    not in a burst of ``concurrency``)."""
+    return frozenset() if r.request_rate is not None else ramp_in(r.requests, r.concurrency)
+
+
 def steady_requests(r: Round) -> list[RequestRecord]:
     """The round's requests past its opening burst."""
-    burst = ramp_in(r.requests, r.concurrency)
+    burst = round_ramp_in(r)
     return [q for q in r.requests if f"{q.request_id}#{q.repeat}" not in burst]
 
 

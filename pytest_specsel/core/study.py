@@ -79,6 +79,18 @@ DEFAULTS: dict[str, Any] = {
     "warmup_workload": "workloads/speculative_warmup.jsonl",
     "run": {
         "concurrency": [1],
+        # open-loop levels (requests per second; README "Workloads"), beside the closed-loop ones
+        "request_rate": [],
+        # gamma shape of the gaps between arrivals (1: Poisson; < 1 burstier)
+        "burstiness": 1.0,
+        "arrival_seed": 0,
+        # requests in flight at most in a rate scenario (0: the largest run.concurrency)
+        "rate_max_concurrency": 0,
+        # every request generates its max_tokens (vLLM's ignore_eos): equal lengths on both sides
+        "ignore_eos": False,
+        # goodput: the share of requests within both targets (0: no target, no goodput)
+        "goodput_ttft_ms": 0.0,
+        "goodput_tpot_ms": 0.0,
         "num_prompts": 8,
         "warmup": 2,
         # tokens a warm-up request asks for (0: the round's max_tokens)
@@ -243,6 +255,33 @@ class Study:
     workload_prompts: Mapping[str, int] = dataclasses.field(default_factory=dict)
     #: tokens each warm-up request asks for (0: ``max_tokens``)
     warmup_max_tokens: int = 8
+    #: open-loop levels, requests per second (``core/arrivals.py``)
+    request_rate: tuple[float, ...] = ()
+    #: the gamma shape of the gaps between arrivals (1: Poisson)
+    burstiness: float = 1.0
+    arrival_seed: int = 0
+    #: requests in flight at most in a rate scenario (0: the largest ``concurrency``)
+    rate_max_concurrency: int = 0
+    #: every request generates exactly its max_tokens (vLLM's ``ignore_eos``)
+    ignore_eos: bool = False
+    #: goodput targets in ms (0: none); goodput is measured only when one is set
+    goodput_ttft_ms: float = 0.0
+    goodput_tpot_ms: float = 0.0
+
+    @property
+    def rate_cap(self) -> int:
+        """The cap on requests in flight in a rate scenario."""
+        return self.rate_max_concurrency or max(self.concurrency, default=1)
+
+    @property
+    def peak_concurrency(self) -> int:
+        """The most requests in flight any scenario has (the capacity estimate's)."""
+        return max((*self.concurrency, *((self.rate_cap,) if self.request_rate else ())), default=1)
+
+    @property
+    def goodput_targets(self) -> tuple[float | None, float | None]:
+        """(TTFT, TPOT) targets in ms, None where not set."""
+        return (self.goodput_ttft_ms or None, self.goodput_tpot_ms or None)
 
     def prompts_of(self, workload: str) -> int:
         """How many requests of a workload a round sends."""

@@ -18,6 +18,8 @@ round, 3-10 pairs, lognormal latencies with and without 10 % Pareto stalls) (a) 
 pairs has too few distinct resamples and under-covers. ``benchmarks/coverage_simulation.py``
 measures the whole rule.
 
+An open-loop round pair adds its TPOT speedup and goodput ratio (``openloop.py``).
+
 Below :data:`MIN_POOLED` requests a side, the tail gates fall back to the per-pair ratio of
 each round's p95 (the t-interval above), and the interval says so in its ``method``. Every
 interval names its method, its pairs and the requests behind it.
@@ -29,6 +31,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+from pytest_specsel.core import openloop
 from pytest_specsel.core import stats
 from pytest_specsel.core.intervals import PairedIntervals
 from pytest_specsel.core.intervals import RoundFigures
@@ -153,8 +156,13 @@ def gate_intervals(
         level,
     )
     requests = sum(len(r.requests) for r in (*cand, *base))
+    open_loop = any(r.request_rate is not None for r in (*cand, *base))
+    good = openloop.goodput(cand, base, level) if open_loop else None
     return PairedIntervals(
         dataclasses.replace(throughput, requests=requests) if throughput else None,
         _tail(cand, base, level, latency, "ttft_ms"),
         _tail(cand, base, level, latency, "e2e_ms"),
+        open_loop,
+        openloop.tpot_speedup(cand, base, level) if open_loop else None,
+        good.interval if good is not None else None,
     )

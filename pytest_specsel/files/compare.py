@@ -150,10 +150,11 @@ class Comparison:
 
 def _speedup(view: Mapping[str, Any]) -> Speedup | None:
     ev = view.get("evidence") or {}
-    estimate = ev.get("throughput_speedup")
+    speed = "tpot_speedup" if ev.get("open_loop") else "throughput_speedup"  # the speed gate's figure
+    estimate = ev.get(speed)
     if not isinstance(estimate, int | float):
         return None
-    interval = ev.get("throughput_speedup_interval") or {}
+    interval = ev.get(f"{speed}_interval") or {}
     return Speedup(float(estimate), interval.get("low"), interval.get("high"))
 
 

@@ -28,7 +28,7 @@ from pytest_specsel.core.results import Scenario
 from pytest_specsel.core.results import ScenarioResult
 from pytest_specsel.core.results import ScenarioView
 from pytest_specsel.core.results import relative
-from pytest_specsel.core.steady import ramp_in
+from pytest_specsel.core.steady import round_ramp_in
 from pytest_specsel.core.study import Study
 from pytest_specsel.core.workloads import Workload
 
@@ -79,6 +79,10 @@ def raw_arguments(study: Study, workload: Workload, scenario: Scenario) -> dict[
             "num_prompts": len(workload.prompts),
         },
         "concurrency": scenario.concurrency,
+        "request_rate": scenario.request_rate,
+        "burstiness": study.burstiness if scenario.request_rate is not None else None,
+        "arrival_seed": study.arrival_seed if scenario.request_rate is not None else None,
+        "ignore_eos": study.ignore_eos,
         "warmup": study.warmup,
         "warmup_workload": str(study.warmup_workload),
         "repeats": study.repeats,
@@ -106,7 +110,7 @@ def raw_document(
 
 def _round(r: Round) -> dict[str, Any]:
     """A round with its requests; ``ramp_in`` names those that waited on its opening burst."""
-    return {**r.to_json(), "ramp_in": sorted(ramp_in(r.requests, r.concurrency))}
+    return {**r.to_json(), "ramp_in": sorted(round_ramp_in(r))}
 
 
 def group_document(

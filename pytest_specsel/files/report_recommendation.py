@@ -49,6 +49,8 @@ def _command(choice: Mapping[str, Any], run_dir: Path | None) -> str:
     serve = choice.get("serve") or {}
     if not serve.get("argv"):
         return f"no measured argv: {serve.get('problem')}"
+    if choice.get("request_rate") is not None:  # serve-command names closed-loop levels
+        return f"as measured: {shell_line(serve.get('env') or {}, serve['argv'])}"
     where = str(run_dir) if run_dir is not None else "RUN_FOLDER"
     return (
         f"python -m pytest_specsel serve-command {shlex.quote(where)} --workload {choice['workload']} "
@@ -66,9 +68,9 @@ def recommendation_lines(recommendation: Mapping[str, Any] | None, run_dir: Path
         f"rule: accepted candidates of the baseline's track only; a tie goes to the preference ({prefer})"
     ]
     for workload, doc in (recommendation.get("workloads") or {}).items():
-        for choice in (doc.get("levels") or {}).values():
+        for choice in _choices(doc):
             tie = " (a tie)" if choice.get("tie") else ""
-            lines.append(f"{workload} c{choice['concurrency']}: {choice['choice']}{tie} [{choice['rule']}]")
+            lines.append(f"{workload} {_level(choice)}: {choice['choice']}{tie} [{choice['rule']}]")
             lines.append(f"  why: {choice['reason']}")
             if choice.get("runner_up"):
                 lines.append(f"  runner-up {choice['runner_up']}: {choice['runner_up_lost']}")
@@ -90,16 +92,30 @@ def recommendation_lines(recommendation: Mapping[str, Any] | None, run_dir: Path
     return lines
 
 
+def _choices(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """A workload's choices: its closed-loop levels, then its request rates."""
+    return [*(doc.get("levels") or {}).values(), *(doc.get("rates") or {}).values()]
+
+
+def _level(choice: Mapping[str, Any]) -> str:
+    """``c4``, or ``r0.5/s (cap 4)`` for a request rate."""
+    rate = choice.get("request_rate")
+    return f"c{choice['concurrency']}" if rate is None else f"r{rate:g}/s (cap {choice['concurrency']})"
+
+
 def _crossovers(doc: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
-    return list((doc.get("crossover") or {}).items())
+    return [*(doc.get("crossover") or {}).items(), *(doc.get("rate_crossover") or {}).items()]
 
 
 def _sweep_text(x: Mapping[str, Any]) -> str:
-    """``c1 1.20x [1.10, 1.31], c4 0.81x [0.75, 0.88]: <statement>``."""
+    """``c1 1.20x [1.10, 1.31], c4 0.81x [0.75, 0.88]: <statement>``; at request rates the
+    TPOT speedup, ``r0.5 ...``."""
+    unit, figure = ("r", "TPOT speedup ") if x.get("load") == "request_rate" else ("c", "")
     levels = ", ".join(
-        f"c{level} {s['speedup']:.2f}x [{s['low']:.2f}, {s['high']:.2f}]" for level, s in x["levels"].items()
+        f"{unit}{level} {s['speedup']:.2f}x [{s['low']:.2f}, {s['high']:.2f}]"
+        for level, s in x["levels"].items()
     )
-    return f"{levels}: {x['statement']}"
+    return f"{figure}{levels}: {x['statement']}"
 
 
 def shell_line(env: Mapping[str, str], argv: Sequence[str]) -> str:
@@ -123,7 +139,7 @@ def _choice_row(choice: Mapping[str, Any], run_dir: Path | None) -> list[str]:
     runner = f"{choice['runner_up']}: {choice['runner_up_lost']}" if choice.get("runner_up") else None
     rule = esc(choice.get("rule")) + (" · a tie" if choice.get("tie") else "")
     return [
-        esc(f"c{choice['concurrency']}"),
+        esc(_level(choice)),
         f'<td class="{cls}"><b>{esc(choice.get("choice"))}</b><br><small>{rule}</small></td>',
         esc(choice.get("reason")),
         esc(runner),
@@ -142,7 +158,7 @@ def recommendation_html(recommendation: Mapping[str, Any] | None, run_dir: Path 
     out = [f"<p><small>{esc(recommendation.get('rule'))}</small></p>"]
     header = ["level", "choice", "why", "runner-up", "start it", "would need", "rests on"]
     for workload, doc in (recommendation.get("workloads") or {}).items():
-        rows = [_choice_row(c, run_dir) for c in (doc.get("levels") or {}).values()]
+        rows = [_choice_row(c, run_dir) for c in _choices(doc)]
         out.append(f"<h3>{esc(workload)}</h3>" + table(header, rows, "recommendation"))
         schedule = doc.get("per_batch_size_schedule")
         if schedule:

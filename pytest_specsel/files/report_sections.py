@@ -48,6 +48,11 @@ def sections(run: RunFolder, charts: ModuleType | None) -> list[tuple[str, str, 
 
 
 # -- decision table --------------------------------------------------------------------
+def _speed(evidence: dict[str, Any]) -> str:
+    """The evidence key of the speed gate's figure: TPOT speedup at a request rate."""
+    return "tpot_speedup" if evidence.get("open_loop") else "throughput_speedup"
+
+
 def _gate_cell(gate: dict[str, Any] | None) -> str:
     if gate is None:
         return "-"
@@ -139,7 +144,7 @@ def _decision(run: RunFolder) -> str:
                 name, k, esc(scenario), esc(view.get("run_status")),
                 f'<td class="{esc(verdict)}"><b>{esc(verdict)}</b><br>'
                 f'<small>{esc(decision.get("reason"))}</small></td>',
-                esc(interval_text(ev.get("throughput_speedup"), ev.get("throughput_speedup_interval"), "x")),
+                esc(interval_text(ev.get(_speed(ev)), ev.get(f"{_speed(ev)}_interval"), "x")),
                 *[_gate_cell(gates.get(n)) for n in names], _parity_cell(view), _evidence_cell(view),
             ])  # fmt: skip
     if not rows:
@@ -242,13 +247,12 @@ def _scenario_charts(run: RunFolder, scenario: str, charts: ModuleType, first: i
         gates = {g.get("name"): g for g in decision.get("gates") or []}
         for gate, value in thresholds.items():
             thresholds[gate] = value if value is not None else (gates.get(gate) or {}).get("threshold")
-        if ev.get("throughput_speedup") is not None:
-            iv = ev.get("throughput_speedup_interval") or {}
-            # the throughput gate's state; a candidate not gated (a parity reject) shows its verdict
-            state = (gates.get("throughput_speedup") or {}).get("state") or decision.get("verdict")
-            speedups.append(
-                charts.SpeedupRow(name, ev["throughput_speedup"], iv.get("low"), iv.get("high"), state)
-            )
+        speed = _speed(ev)
+        if ev.get(speed) is not None:
+            iv = ev.get(f"{speed}_interval") or {}
+            # the speed gate's state; a candidate not gated (a parity reject) shows its verdict
+            state = (gates.get(speed) or {}).get("state") or decision.get("verdict")
+            speedups.append(charts.SpeedupRow(name, ev[speed], iv.get("low"), iv.get("high"), state))
         if raw:
             pick = {k: charts.request_values(raw.get("baseline_rounds"), k) for k in _LATENCY_KEYS}
             mine = {k: charts.request_values(raw.get("rounds"), k) for k in _LATENCY_KEYS}

@@ -59,6 +59,11 @@ LEGEND = (
     "+ passed, x failed, ? undecided: the interval [low,high] on the passing side, "
     "on the failing side, across it"
 )
+#: printed under the legend when a row is an open-loop (request-rate) scenario
+OPEN_LOOP_LEGEND = (
+    "at a request rate (-rN): speedup is the TPOT speedup (baseline TPOT / candidate's),",
+    "goodput the candidate's share of requests within the targets over the baseline's",
+)
 
 
 def _gate(v: ScenarioView, name: str) -> str | None:
@@ -99,9 +104,10 @@ _Row = TypeVar("_Row")
 _DECISIONS: tuple[Column, ...] = (
     ("case", _case),
     ("decision", lambda v: v.verdict),
-    ("speedup", lambda v: _gate(v, "throughput_speedup")),
+    ("speedup", lambda v: _gate(v, "tpot_speedup" if v.request_rate is not None else "throughput_speedup")),
     ("ttft p95", lambda v: _gate(v, "ttft_ratio")),
     ("e2e p95", lambda v: _gate(v, "e2e_p95_ratio")),
+    ("goodput", lambda v: _gate(v, "goodput_ratio") if v.request_rate is not None else None),
     ("peak MB", lambda v: _gate(v, "peak_memory_mb")),
     ("parity", _parity),
 )
@@ -132,7 +138,10 @@ def _table(rows: Sequence[_Row], columns: Sequence[tuple[str, Callable[[_Row], A
 def format_rows(views: Sequence[ScenarioView]) -> list[str]:
     """Two fixed-width tables, each within 120 columns for the default names: the decisions
     (every gated figure with its interval and state) and the measured figures behind them."""
-    return [*_table(views, _DECISIONS), LEGEND, "", *_table(views, _FIGURES)]
+    if not any(v.request_rate is not None for v in views):
+        decisions = tuple(c for c in _DECISIONS if c[0] != "goodput")
+        return [*_table(views, decisions), LEGEND, "", *_table(views, _FIGURES)]
+    return [*_table(views, _DECISIONS), LEGEND, *OPEN_LOOP_LEGEND, "", *_table(views, _FIGURES)]
 
 
 def format_categories(views: Sequence[ScenarioView]) -> list[str]:

@@ -123,7 +123,7 @@ def device_split(
     return track_memory(
         cap.device_memory_mb / 1024,
         study.backend.gpu_memory_utilization,
-        study.backend.max_model_len * max(study.concurrency),
+        study.backend.max_model_len * study.peak_concurrency,
         g0.assets.memory_needs if g0.assets else None,
         speculative,
         bool(cap.kv_cache_memory_bytes),

@@ -11,6 +11,8 @@ import dataclasses
 from collections.abc import Callable
 from collections.abc import Sequence
 
+from pytest_specsel.core.arrivals import arrival_schedule
+from pytest_specsel.core.arrivals import schedule_seed
 from pytest_specsel.core.disturbance import HostLoad
 from pytest_specsel.core.measurement import MemoryReading
 from pytest_specsel.core.measurement import RequestRecord
@@ -51,7 +53,19 @@ def replay_spec(
         study.backend.request_timeout_s,
         warmup.prompts if warmup is not None else (),
         warmup_max_tokens=study.warmup_max_tokens,
+        arrivals=_arrivals(study, len(workload.prompts) * study.repeats, scenario),
+        request_rate=scenario.request_rate,
+        ignore_eos=study.ignore_eos,
+        goodput_targets_ms=study.goodput_targets,
     )
+
+
+def _arrivals(study: Study, count: int, scenario: Scenario) -> tuple[float, ...]:
+    """A rate scenario's send times, the same in every round and on both sides."""
+    if scenario.request_rate is None:
+        return ()
+    seed = schedule_seed(study.arrival_seed, scenario.key)
+    return arrival_schedule(count, scenario.request_rate, study.burstiness, seed)
 
 
 def progress_line(
@@ -181,6 +195,8 @@ def measure_round(
         warmed,
         spec.concurrency,
         host,
+        spec.request_rate,
+        spec.goodput_targets_ms,
     )
     return measured, interrupt
 

@@ -105,23 +105,52 @@ def _workloads(table: Any, base_dir: Path, loc: _Locator) -> dict[str, Any]:
     return {"workloads": workloads, "workload_prompts": counts}
 
 
-def _run(r: Mapping[str, Any], loc: _Locator) -> dict[str, Any]:
-    conc = r["concurrency"]
-    if (
-        not isinstance(conc, list)
-        or not conc
-        or not all(isinstance(c, int) and not isinstance(c, bool) for c in conc)
+def _load_levels(r: Mapping[str, Any], loc: _Locator) -> dict[str, Any]:
+    """The closed-loop levels (``run.concurrency``) and the open-loop ones (``run.request_rate``
+    with its arrival process and cap); at least one level in all."""
+    conc, rates = r["concurrency"], r["request_rate"]
+    if not isinstance(conc, list) or not all(isinstance(c, int) and not isinstance(c, bool) for c in conc):
+        raise loc.error("run.concurrency", f"{conc!r} must be a list of positive integers")
+    if not isinstance(rates, list) or not all(
+        isinstance(x, int | float) and not isinstance(x, bool) and x > 0 for x in rates
     ):
-        raise loc.error("run.concurrency", f"{conc!r} must be a non-empty list of positive integers")
+        raise loc.error(
+            "run.request_rate", f"{rates!r} must be a list of positive numbers (requests per second)"
+        )
+    if not conc and not rates:
+        raise loc.error("run.concurrency", "[] needs at least one level here or in run.request_rate")
     for c in conc:
         positive(c, "run.concurrency", loc)
-    if len(set(conc)) != len(conc):
-        raise loc.error("run.concurrency", f"{conc!r} lists a level twice")
+    for key, levels in (("run.concurrency", conc), ("run.request_rate", [float(x) for x in rates])):
+        if len(set(levels)) != len(levels):
+            raise loc.error(key, f"{levels!r} lists a level twice")
+    burstiness = typed(r["burstiness"], float, "run.burstiness", loc)
+    if burstiness <= 0:
+        raise loc.error("run.burstiness", f"{burstiness!r} must be > 0 (1: Poisson arrivals; < 1 burstier)")
+    cap = typed(r["rate_max_concurrency"], int, "run.rate_max_concurrency", loc)
+    if cap < 0:
+        raise loc.error("run.rate_max_concurrency", f"{cap!r} must be >= 0 (0: the largest run.concurrency)")
+    out = {
+        "concurrency": tuple(conc),
+        "request_rate": tuple(float(x) for x in rates),
+        "burstiness": burstiness,
+        "arrival_seed": typed(r["arrival_seed"], int, "run.arrival_seed", loc),
+        "rate_max_concurrency": cap,
+        "ignore_eos": typed(r["ignore_eos"], bool, "run.ignore_eos", loc),
+    }
+    for key in ("goodput_ttft_ms", "goodput_tpot_ms"):
+        out[key] = typed(r[key], float, f"run.{key}", loc)
+        if out[key] < 0:
+            raise loc.error(f"run.{key}", f"{out[key]!r} must be >= 0 (0: no target)")
+    return out
+
+
+def _run(r: Mapping[str, Any], loc: _Locator) -> dict[str, Any]:
     out: dict[str, Any] = {
         k: positive(typed(r[k], int, f"run.{k}", loc), f"run.{k}", loc)
         for k in ("num_prompts", "repeats", "max_tokens", "num_speculative_tokens")
     }
-    out["concurrency"] = tuple(conc)
+    out |= _load_levels(r, loc)
     out["warmup"] = typed(r["warmup"], int, "run.warmup", loc)
     if out["warmup"] < 0:
         raise loc.error("run.warmup", f"{out['warmup']!r} must be >= 0")

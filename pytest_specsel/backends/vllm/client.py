@@ -15,6 +15,7 @@ client").
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -40,9 +41,16 @@ Clock = Callable[[], float]
 
 
 def _payload(
-    model: str, prompt: Prompt, max_tokens: int, temperature: float, top_logprobs: int | None = None
+    model: str,
+    prompt: Prompt,
+    max_tokens: int,
+    temperature: float,
+    top_logprobs: int | None = None,
+    ignore_eos: bool = False,
 ) -> dict[str, Any]:
     extra: dict[str, Any] = {"logprobs": True, "top_logprobs": top_logprobs} if top_logprobs else {}
+    if ignore_eos:  # vLLM's extension: generate max_tokens whatever the model ends with
+        extra["ignore_eos"] = True
     return extra | {
         "model": model,
         "messages": prompt.chat(),
@@ -301,6 +309,9 @@ class HttpBenchClient:
         connector = aiohttp.TCPConnector(limit=spec.concurrency + 1)
         sink = hooks.sink if hooks.sink is not None else []
         jobs = [(rep, p) for rep in range(spec.repeats) for p in spec.prompts]
+        if spec.arrivals and len(spec.arrivals) != len(jobs):
+            raise ValueError(f"specsel: {len(spec.arrivals)} arrival times for {len(jobs)} requests")
+        due = dict(zip(jobs, spec.arrivals, strict=False))
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             await self._warmup(session, url, spec)
             gate = asyncio.Semaphore(spec.concurrency)
@@ -313,10 +324,15 @@ class HttpBenchClient:
 
             async def one(rep: int, p: Prompt) -> None:
                 nonlocal done
-                payload = _payload(spec.model, p, spec.max_tokens, spec.temperature, spec.top_logprobs)
+                payload = _payload(
+                    spec.model, p, spec.max_tokens, spec.temperature, spec.top_logprobs, spec.ignore_eos
+                )
+                at = due.get((rep, p))
+                if at is not None:  # open loop: wait for its arrival, then for a free slot under the cap
+                    await asyncio.sleep(max(0.0, start + at - self._clock()))
                 async with gate:
                     r = await stream_one(session, url, payload, p, rep, start, self._clock, sink)
-                sink.append(r)
+                sink.append(r if at is None else dataclasses.replace(r, scheduled_offset_s=at))
                 done += 1
                 if hooks.progress is not None:
                     hooks.progress(done, len(jobs))
