@@ -350,3 +350,38 @@ def test_a_saturated_client_flags_its_round():
     assert flags(None) == ()
     assert ClientLoad(3.0, 9.0, 0.3).saturated(itl_p50_ms=50.0) is False  # 3 ms is 6 % of a 50 ms gap
     assert ClientLoad(6.0, 9.0, 0.3).saturated(itl_p50_ms=50.0) is True
+
+
+def test_an_open_loop_round_sends_each_request_at_its_scheduled_time_under_the_cap(server):
+    """Arrivals at 0, 0.2, 0.4 s with a cap of 1 and answers of 0.3 s: the second waits for
+    the first to finish (sent late, at ~0.3 s), the third is sent on time; each record keeps
+    its scheduled time, and ignore_eos reaches the server."""
+    server.respond = lambda request: (200, [0.3, sse(content("x"), usage(1))])
+    prompts = tuple(Prompt(f"r{i}", "p") for i in range(3))
+    spec = ReplaySpec(
+        server.url,
+        "m",
+        prompts,
+        1,
+        0,
+        1,
+        8,
+        0.0,
+        5,
+        arrivals=(0.0, 0.2, 0.65),
+        request_rate=5.0,
+        ignore_eos=True,
+    )
+    run = HttpBenchClient().run(spec)
+    sent = {r.request_id: r.start_offset_s for r in run.requests}
+    assert [r.scheduled_offset_s for r in run.requests] == [0.0, 0.2, 0.65]
+    assert sent["r0"] < 0.1
+    assert 0.28 < sent["r1"] < 0.45  # held by the cap of 1, not sent at 0.2
+    assert 0.64 < sent["r2"] < 0.8  # on schedule: the slot was free
+    assert all(s["ignore_eos"] is True for s in server.seen)
+
+
+def test_arrival_times_that_do_not_match_the_requests_are_refused(server):
+    spec = ReplaySpec(server.url, "m", (Prompt("r0", "p"),), 1, 0, 1, 8, 0.0, 5, arrivals=(0.0, 1.0))
+    with pytest.raises(ValueError, match="2 arrival times for 1 requests"):
+        HttpBenchClient().run(spec)

@@ -429,6 +429,31 @@ class TestFiles:
         assert {c[-1] for c in cells} >= {"x"}, row  # the slower first token failed with confidence
         assert all(len(line) <= 120 for line in table), table
 
+    def test_a_request_rate_is_judged_on_tpot_speedup_and_goodput_with_its_own_crossover(self, project):
+        """An open-loop level beside the closed-loop ones: its row's speed gate is the TPOT
+        speedup (the throughput is the arrival rate), goodput is a gate with targets set,
+        and the recommendation keeps the rate apart with its crossover on TPOT speedup."""
+        study = STUDY.replace("concurrency = [1, 4]", "concurrency = [1]\nrequest_rate = [4.0]")
+        study += "goodput_ttft_ms = 1000.0\ngoodput_tpot_ms = 100.0\n"
+        p = project("{'g1_ngram': FakeScript(token_s=0.004)}", study=study)
+        result = p.runpytest_subprocess("--specsel-cpu", "--specsel-label", "rate", "-k", "ngram and general")
+        lines = result.stdout.str().splitlines()
+        row = next(line for line in lines if line.startswith("g1_ngram-general-r4"))
+        assert re.findall(r"\d+\.\d\d \[\d+\.\d\d,\d+\.\d\d\]\+", row)[0].startswith("2.50"), row
+        assert any(line.startswith("at a request rate (-rN): speedup is the TPOT speedup") for line in lines)
+        handoff = json.loads((p.path / "results" / "rate" / "handoff.json").read_text())
+        general = handoff["recommendation"]["workloads"]["general"]
+        assert list(general["levels"]) == ["1"] and list(general["rates"]) == ["4"]
+        assert general["rates"]["4"]["request_rate"] == 4.0
+        crossing = general["rate_crossover"]["g1_ngram"]
+        assert crossing["load"] == "request_rate" and crossing["statement"].startswith("wins up to r4")
+        raw = json.loads((p.path / "results" / "rate" / "raw" / "g1_ngram__general-r4.json").read_text())
+        assert raw["arguments"]["request_rate"] == 4.0 and raw["rounds"][0]["ramp_in"] == []
+        assert raw["scenario"]["evidence"]["open_loop"] is True
+        gates = {g["name"]: g for g in raw["scenario"]["decision"]["gates"]}
+        assert gates["tpot_speedup"]["state"] == "passed" and "throughput_speedup" not in gates
+        assert gates["goodput_ratio"]["value"] == 1.0
+
 
 class TestHouse:
     def test_a_family_added_to_the_family_table_runs_as_an_extra_candidate(self, project):

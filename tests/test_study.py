@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 import pytest_specsel
+from pytest_specsel.core.results import scenarios_of
 from pytest_specsel.core.study import GROUPS
 from pytest_specsel.core.workloads import WorkloadError
 from pytest_specsel.core.workloads import load_workload
@@ -158,6 +159,12 @@ def test_each_listed_proposal_length_is_a_candidate_of_its_own(tmp_path):
         ("[specsel.run]\nwarmup = -1\n", 2, "run.warmup: -1 must be >= 0"),
         ("[specsel.run]\nconcurrency = [1, 0]\n", 2, "run.concurrency: 0 must be a positive integer"),
         ("[specsel.run]\nnum_prompts = 0\n", 2, "run.num_prompts: 0 must be a positive integer"),
+        ("[specsel.run]\nrequest_rate = [1, 0]\n", 2, "run.request_rate: [1, 0] must be a list of positive"),
+        ("[specsel.run]\nrequest_rate = [2, 2.0]\n", 2, "run.request_rate: [2.0, 2.0] lists a level twice"),
+        ("[specsel.run]\nconcurrency = []\n", 2, "run.concurrency: [] needs at least one level here or in"),
+        ("[specsel.run]\nburstiness = 0\n", 2, "run.burstiness: 0.0 must be > 0 (1: Poisson"),
+        ("[specsel.run]\nrate_max_concurrency = -1\n", 2, "run.rate_max_concurrency: -1 must be >= 0"),
+        ("[specsel.run]\ngoodput_tpot_ms = -5\n", 2, "run.goodput_tpot_ms: -5.0 must be >= 0 (0: no target)"),
         ("[specsel.run]\n\ntemperature = 0.7\n", 3, "exact-match parity only holds at temperature 0"),
         (
             "[specsel.strategies.g1_ngram]\noptions = {prompt_lookup_min = 5, prompt_lookup_max = 3}\n",
@@ -280,3 +287,21 @@ class TestWorkloads:
         assert len(ids) == len(set(ids)) == 16
         # Each repetition prompt carries a block (code, list, lines, JSON) the answer should copy.
         assert all("\n" in p.prompt or ":" in p.prompt for p in rep.prompts)
+
+
+def test_request_rates_add_open_loop_scenarios_capped_at_the_largest_concurrency(tmp_path):
+    (tmp_path / "specsel.toml").write_text(
+        "[specsel.run]\nconcurrency = [1, 4]\nrequest_rate = [0.5, 2]\nburstiness = 0.5\n", encoding="utf-8"
+    )
+    study = load_study(None, tmp_path)
+    assert study.request_rate == (0.5, 2.0) and study.burstiness == 0.5 and study.rate_cap == 4
+    keys = [s.key for s in scenarios_of(study)]
+    assert keys[:4] == ["general-c1", "general-c4", "repetition-c1", "repetition-c4"]
+    assert keys[4:] == ["general-r0.5", "general-r2", "repetition-r0.5", "repetition-r2"]
+    assert {s.concurrency for s in scenarios_of(study) if s.request_rate} == {4}
+    (tmp_path / "specsel.toml").write_text(
+        "[specsel.run]\nconcurrency = []\nrequest_rate = [1]\nrate_max_concurrency = 16\n", encoding="utf-8"
+    )
+    study = load_study(None, tmp_path)
+    assert [s.key for s in scenarios_of(study)] == ["general-r1", "repetition-r1"]
+    assert study.peak_concurrency == 16
