@@ -246,6 +246,16 @@ class TestTheRule:
             "crossover between c1 (wins) and c4 (loses); accepted at c1"
         ) in recommendation_lines(rec.to_json(), None)
 
+    def test_a_candidate_never_compared_has_no_crossover_line(self):
+        """A disabled or not-run candidate printed 'c1 0.00x [0.00, 0.00]' for every level."""
+        g1 = (state("g1_ngram"), {"repetition-c1": view("g1_ngram")})
+        g3 = (
+            state("g3_eagle", "eagle", 3),
+            {"repetition-c1": view("g3_eagle", status=EvidenceStatus.NOT_EVALUATED)},
+        )
+        rec = run(g1, g3)
+        assert [x.candidate for x in rec.workloads[0].crossovers] == ["g1_ngram"]
+
 
 class TestWouldNeed:
     def test_the_needed_thresholds_are_each_intervals_far_end(self):

@@ -315,7 +315,14 @@ def recommend(
         sweep = sweeps.setdefault(key, {})
         at = base.request_rate if base.request_rate is not None else base.concurrency
         for c in found:
-            if not c.calibration and c.track == track:
+            ev = c.view.evidence
+            # only a compared pair has a speedup (never a 0.00x for a candidate not measured)
+            if (
+                not c.calibration
+                and c.track == track
+                and ev is not None
+                and ev.status is EvidenceStatus.COMPARABLE
+            ):
                 sweep.setdefault(c.name, []).append(_speedup_at(at, c))
     workloads = []
     for workload in dict.fromkeys(w for w, _ in by_workload):
