@@ -406,8 +406,8 @@ class TestFiles:
                 "g0_target_only-general-c1*baseline*2/2 self",
                 "g1_ngram-general-c1*accept*[[]*,*[]]+*2/2",
                 "+ passed, x failed, ? undecided*",
-                "case*status*tok/s*accept*mean len*pairing",
-                "g1_ngram-general-c1*completed*0.60*interleaved",
+                "case*status*tok/s*accept*mean len*pairing*tokens/step x step cost",
+                "g1_ngram-general-c1*completed*0.60*interleaved*/*=*(rest *)",
                 "g2_mtp: asset_missing*",
             ]
         )

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 from pytest_specsel.core.categories import by_category
 from pytest_specsel.core.decision import decide
+from pytest_specsel.core.decomposition import Decomposition
+from pytest_specsel.core.decomposition import decompose
 from pytest_specsel.core.evidence import build_pair_evidence
 from pytest_specsel.core.intervals import PairedIntervals
 from pytest_specsel.core.measurement import RequestRecord
@@ -231,10 +233,6 @@ def pair(
     replaced = tuple(f"pair {p.pair + 1} measured again ({'; '.join(p.reasons)})" for p in candidate.replaced)
     evidence = dataclasses.replace(evidence, pairing=pairing, flags=flags, replaced_pairs=replaced)
     base_check = self_check(base_rounds)
-    figures = by_category(base_rounds, candidate.rounds, categories or {}, level, proposal_length)
-    self_diverges = None
-    if parity is not None and parity.first_divergence and base_check is not None:
-        self_diverges = parity.first_divergence.request_id in base_check.differing_request_ids
     decision = _with_seconds(decide(evidence, gates), base_rounds, candidate.rounds)
     if calibration and decision.verdict is Verdict.ACCEPT:
         # An A/A run measures the method, not a mechanism: it is never adopted.
@@ -247,11 +245,29 @@ def pair(
         evidence=evidence,
         decision=decision,
         pairing=pairing,
-        baseline_self_diverges=self_diverges,
+        baseline_self_diverges=_self_diverges(parity, base_check),
         baseline_rounds=tuple(base_rounds),
         noise_floor=noise_floor(base_rounds),
-        by_category={f.category: f for f in figures},
+        by_category={
+            f.category: f
+            for f in by_category(base_rounds, candidate.rounds, categories or {}, level, proposal_length)
+        },
+        speedup_decomposition=_decomposed(evidence, candidate.rounds, base_rounds, level),
     )
+
+
+def _self_diverges(parity: ParityResult | None, base_check: ParityResult | None) -> bool | None:
+    """At the candidate's first divergence, whether the baseline also diverged from itself."""
+    if parity is None or not parity.first_divergence or base_check is None:
+        return None
+    return parity.first_divergence.request_id in base_check.differing_request_ids
+
+
+def _decomposed(
+    evidence: PairEvidence, candidate: Sequence[Round], baseline: Sequence[Round], level: float
+) -> Decomposition | None:
+    """A compared pair's speedup decomposition (``core/decomposition.py``)."""
+    return decompose(candidate, baseline, level) if evidence.status is EvidenceStatus.COMPARABLE else None
 
 
 def _with_seconds(decision: Decision, baseline: Sequence[Round], candidate: Sequence[Round]) -> Decision:

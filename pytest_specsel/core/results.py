@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_specsel.core.categories import CategoryFigures
+from pytest_specsel.core.decomposition import Decomposition
 from pytest_specsel.core.interleave import ReplacedPair
 from pytest_specsel.core.measurement import MemoryReading
 from pytest_specsel.core.measurement import NoiseFloor
@@ -119,6 +120,8 @@ class ScenarioResult:
     replaced: tuple[ReplacedPair, ...] = ()
     #: a candidate's figures per request category, by category (``core/categories.py``)
     by_category: Mapping[str, CategoryFigures] = dataclasses.field(default_factory=dict)
+    #: a compared pair's speedup as tokens per step over step cost (``core/decomposition.py``)
+    speedup_decomposition: Decomposition | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -194,6 +197,8 @@ class ScenarioView:
     decision: Decision | None = None
     #: a candidate's figures per request category (explain the decision, never make it)
     by_category: Mapping[str, CategoryFigures] = dataclasses.field(default_factory=dict)
+    #: where a compared pair's speedup went (explains the decision, never makes it)
+    speedup_decomposition: Decomposition | None = None
 
     @property
     def throughput_tokens_per_s(self) -> float | None:
@@ -259,6 +264,7 @@ def view_of(result: ScenarioResult, root: Path) -> ScenarioView:
         evidence=result.evidence,
         decision=result.decision,
         by_category=dict(result.by_category),
+        speedup_decomposition=result.speedup_decomposition,
     )
 
 

@@ -125,7 +125,27 @@ _FIGURES: tuple[Column, ...] = (
     ("accept", lambda v: _fixed(v.telemetry.acceptance_rate if v.telemetry else None, "{:.2f}")),
     ("mean len", lambda v: _fixed(v.telemetry.mean_accepted_length if v.telemetry else None, "{:.2f}")),
     ("pairing", lambda v: v.evidence.pairing.value if v.evidence and v.evidence.pairing else None),
+    ("tokens/step x step cost", lambda v: _decomposition(v)),
 )
+
+
+def _decomposition(v: ScenarioView) -> str | None:
+    """``2.00 / 1.50 = 1.33 (rest 1.00!)``: tokens per step (stream, over the baseline's),
+    the step cost ratio, the speedup they explain, and the residual (``!`` beyond 10 %)."""
+    d = v.speedup_decomposition
+    if (
+        d is None
+        or d.explained_speedup is None
+        or d.step_cost_ratio is None
+        or d.tokens_per_step_stream is None
+    ):
+        return None
+    base = d.baseline_tokens_per_step_stream.estimate if d.baseline_tokens_per_step_stream else 1.0
+    rest = f" (rest {d.residual.estimate:.2f}{'!' if d.residual_flagged else ''})" if d.residual else ""
+    return (
+        f"{d.tokens_per_step_stream.estimate / base:.2f} / {d.step_cost_ratio.estimate:.2f}"
+        f" = {d.explained_speedup.estimate:.2f}{rest}"
+    )
 
 
 def _table(rows: Sequence[_Row], columns: Sequence[tuple[str, Callable[[_Row], Any]]]) -> list[str]:
