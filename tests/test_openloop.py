@@ -1,5 +1,6 @@
 """Open-loop arrivals and the figures a request-rate scenario is judged on."""
 
+import dataclasses
 import statistics
 
 import pytest
@@ -115,49 +116,37 @@ def test_an_open_loop_pair_is_judged_on_tpot_not_on_throughput():
     found = gate_intervals(cand, base, 0.95)
     assert found.open_loop and found.speed is found.tpot_speedup
     assert found.throughput_speedup is not None and found.throughput_speedup.estimate == pytest.approx(1.0)
-    evidence = PairEvidence(
-        EvidenceStatus.COMPARABLE,
-        throughput_speedup=1.0,
-        ttft_ratio=1.0,
-        e2e_p95_ratio=0.6,
-        candidate_peak_memory_mb=100.0,
-        quality_ok=True,
-        mechanism_active=True,
-        open_loop=True,
-        tpot_speedup=found.tpot_speedup.estimate,
-        tpot_speedup_interval=found.tpot_speedup,
+    evidence = _open_evidence(
+        e2e_p95_ratio=0.6, tpot_speedup=found.tpot_speedup.estimate, tpot_speedup_interval=found.tpot_speedup
     )
     decision = decide(evidence, Thresholds())
     names = [g.name for g in decision.gates]
     assert names[0] == "tpot_speedup" and "throughput_speedup" not in names
     assert decision.gates[0].state is GateState.PASSED
-    closed = decide(PairEvidence(**{**_fields(evidence), "open_loop": False}), Thresholds())
+    closed = decide(dataclasses.replace(evidence, open_loop=False), Thresholds())
     assert closed.gates[0].name == "throughput_speedup" and closed.gates[0].state is GateState.FAILED
 
 
 def test_a_goodput_below_the_floor_fails_its_gate():
-    evidence = PairEvidence(
-        EvidenceStatus.COMPARABLE,
-        throughput_speedup=1.0,
-        ttft_ratio=1.0,
-        e2e_p95_ratio=1.0,
-        candidate_peak_memory_mb=100.0,
-        quality_ok=True,
-        mechanism_active=True,
-        open_loop=True,
-        tpot_speedup=1.5,
-        goodput_baseline=1.0,
-        goodput_candidate=0.5,
-        goodput_ratio=0.5,
+    evidence = _open_evidence(
+        tpot_speedup=1.5, goodput_baseline=1.0, goodput_candidate=0.5, goodput_ratio=0.5
     )
     gates = {g.name: g for g in decide(evidence, Thresholds()).gates}
     assert gates["goodput_ratio"].state is GateState.FAILED and gates["goodput_ratio"].threshold == 0.95
-    without = PairEvidence(**{**_fields(evidence), "goodput_ratio": None})
+    without = dataclasses.replace(evidence, goodput_ratio=None)
     assert "goodput_ratio" not in {g.name for g in decide(without, Thresholds()).gates}
 
 
-def _fields(evidence):
-    return {f: getattr(evidence, f) for f in evidence.__dataclass_fields__}
+def _open_evidence(**figures):
+    """Comparable open-loop evidence: throughput and TTFT ratios 1.0, E2E 1.0 unless given."""
+    base = dict(throughput_speedup=1.0, ttft_ratio=1.0, e2e_p95_ratio=1.0, candidate_peak_memory_mb=100.0)
+    return PairEvidence(
+        EvidenceStatus.COMPARABLE,
+        quality_ok=True,
+        mechanism_active=True,
+        open_loop=True,
+        **{**base, **figures},
+    )
 
 
 def test_a_rate_sweep_states_its_crossover_in_requests_a_second():

@@ -30,6 +30,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from pytest_specsel.core import stats
 from pytest_specsel.core.intervals import paired_log_ratio_interval
 from pytest_specsel.core.measurement import Round
 from pytest_specsel.core.records import Interval
@@ -55,8 +56,7 @@ def _stream_tokens_per_step(r: Round) -> float | None:
 
 def _chunk_gap_ms(r: Round) -> float | None:
     """The mean gap between consecutive chunks over the round's successful requests."""
-    gaps = [g for q in r.requests if q.ok for g in q.itl_ms]
-    return sum(gaps) / len(gaps) if gaps else None
+    return stats.mean([g for q in r.requests if q.ok for g in q.itl_ms])
 
 
 def _counter_tokens_per_step(r: Round) -> float | None:

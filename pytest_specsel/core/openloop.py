@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from pytest_specsel.core import stats
 from pytest_specsel.core.intervals import paired_log_ratio_interval
 from pytest_specsel.core.measurement import RequestRecord
 from pytest_specsel.core.measurement import Round
@@ -38,6 +39,7 @@ __all__ = [
     "pooled_tpot_ms",
     "round_goodput",
     "round_tpot_ms",
+    "speed_key",
     "speed_of",
     "tpot_speedup",
 ]
@@ -46,18 +48,21 @@ TPOT_METHOD = "t_interval_on_paired_log_ratios_of_round_mean_tpot"
 GOODPUT_METHOD = "t_interval_on_paired_log_ratios_of_round_goodput"
 
 
+def speed_key(open_loop: bool) -> str:
+    """The name of the speed gate and of its evidence figure: the TPOT speedup in open loop
+    (its throughput is the arrival rate on both sides), else the throughput speedup."""
+    return "tpot_speedup" if open_loop else "throughput_speedup"
+
+
 def speed_of(evidence: PairEvidence) -> tuple[str, float | None, Interval | None]:
-    """The speed gate's (name, estimate, interval): the TPOT speedup in open loop (its
-    throughput is the arrival rate on both sides), else the throughput speedup."""
-    if evidence.open_loop:
-        return "tpot_speedup", evidence.tpot_speedup, evidence.tpot_speedup_interval
-    return "throughput_speedup", evidence.throughput_speedup, evidence.throughput_speedup_interval
+    """The speed gate's (name, estimate, interval) (``speed_key``)."""
+    name = speed_key(evidence.open_loop)
+    return name, getattr(evidence, name), getattr(evidence, f"{name}_interval")
 
 
 def round_tpot_ms(r: Round) -> float | None:
     """The mean TPOT of a round's successful requests of two tokens or more."""
-    found = [t for q in r.requests if q.ok and (t := q.tpot_ms) is not None]
-    return sum(found) / len(found) if found else None
+    return pooled_tpot_ms((r,))
 
 
 def _good(q: RequestRecord, ttft_ms: float | None, tpot_ms: float | None) -> bool:
@@ -70,9 +75,8 @@ def _good(q: RequestRecord, ttft_ms: float | None, tpot_ms: float | None) -> boo
 
 
 def pooled_tpot_ms(rounds: Sequence[Round]) -> float | None:
-    """The mean TPOT over every round's successful requests."""
-    found = [t for r in rounds for q in r.requests if q.ok and (t := q.tpot_ms) is not None]
-    return sum(found) / len(found) if found else None
+    """The mean TPOT over every round's successful requests of two tokens or more."""
+    return stats.mean([t for r in rounds for q in r.requests if q.ok and (t := q.tpot_ms) is not None])
 
 
 def round_goodput(r: Round) -> tuple[int, int] | None:

@@ -71,11 +71,6 @@ class Scenario:
             return f"{self.workload}-r{self.request_rate:g}"
         return f"{self.workload}-c{self.concurrency}"
 
-    @property
-    def level(self) -> str:
-        """The load level as printed: ``c4`` or ``r0.5``."""
-        return self.key.removeprefix(f"{self.workload}-")
-
     def __str__(self) -> str:
         return self.key
 

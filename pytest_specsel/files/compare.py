@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 from typing import Literal
 
+from pytest_specsel.core.openloop import speed_key
 from pytest_specsel.files.report_recommendation import levels_of
 
 __all__ = [
@@ -150,7 +151,7 @@ class Comparison:
 
 def _speedup(view: Mapping[str, Any]) -> Speedup | None:
     ev = view.get("evidence") or {}
-    speed = "tpot_speedup" if ev.get("open_loop") else "throughput_speedup"  # the speed gate's figure
+    speed = speed_key(bool(ev.get("open_loop")))  # the speed gate's figure
     estimate = ev.get(speed)
     if not isinstance(estimate, int | float):
         return None

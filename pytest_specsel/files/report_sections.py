@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
+from pytest_specsel.core.openloop import speed_key
 from pytest_specsel.files.html import NO_CHARTS
 from pytest_specsel.files.html import esc
 from pytest_specsel.files.html import interval_text
@@ -50,7 +51,7 @@ def sections(run: RunFolder, charts: ModuleType | None) -> list[tuple[str, str, 
 # -- decision table --------------------------------------------------------------------
 def _speed(evidence: dict[str, Any]) -> str:
     """The evidence key of the speed gate's figure: TPOT speedup at a request rate."""
-    return "tpot_speedup" if evidence.get("open_loop") else "throughput_speedup"
+    return speed_key(bool(evidence.get("open_loop")))
 
 
 def _gate_cell(gate: dict[str, Any] | None) -> str:

@@ -15,6 +15,7 @@ from typing import TypeVar
 
 import pytest
 
+from pytest_specsel.core.openloop import speed_key
 from pytest_specsel.core.records import GateState
 from pytest_specsel.core.records import RunStatus
 from pytest_specsel.core.results import ScenarioView
@@ -104,7 +105,7 @@ _Row = TypeVar("_Row")
 _DECISIONS: tuple[Column, ...] = (
     ("case", _case),
     ("decision", lambda v: v.verdict),
-    ("speedup", lambda v: _gate(v, "tpot_speedup" if v.request_rate is not None else "throughput_speedup")),
+    ("speedup", lambda v: _gate(v, speed_key(v.request_rate is not None))),
     ("ttft p95", lambda v: _gate(v, "ttft_ratio")),
     ("e2e p95", lambda v: _gate(v, "e2e_p95_ratio")),
     ("goodput", lambda v: _gate(v, "goodput_ratio") if v.request_rate is not None else None),
