@@ -597,6 +597,21 @@ def test_prefix_cache_counters_are_read_beside_the_spec_counters():
     counters = parse_server_counters(page)
     assert (counters.spec, counters.prefix_cache_queries, counters.prefix_cache_hits) == (None, 120.0, 16.0)
     assert (counters.queue_time_s, counters.queued_count) == (0.2, 4.0)
+    assert counters.engine_steps is None  # no iteration histogram on this page
+
+
+def test_the_engine_step_count_is_the_iteration_histogram_count_summed_over_engines():
+    from pytest_specsel.backends.vllm.telemetry import parse_server_counters
+
+    page = (
+        "# TYPE vllm:iteration_tokens_total histogram\n"
+        'vllm:iteration_tokens_total_bucket{engine="0",le="+Inf"} 300.0\n'
+        'vllm:iteration_tokens_total_count{engine="0"} 300.0\n'
+        'vllm:iteration_tokens_total_sum{engine="0"} 4100.0\n'
+        'vllm:iteration_tokens_total_count{engine="1"} 12.0\n'
+        'vllm:iteration_tokens_total_created{engine="0"} 1.7e9\n'
+    )
+    assert parse_server_counters(page).engine_steps == 312.0
 
 
 class _Handle:

@@ -1,9 +1,12 @@
 """Where a speedup went: tokens per step, step cost, residual, histogram, ceiling."""
 
+import dataclasses
+
 import pytest
 
 from pytest_specsel.core.decomposition import accepted_histogram
 from pytest_specsel.core.decomposition import decompose
+from pytest_specsel.core.decomposition import tokens_per_step_at
 from pytest_specsel.core.measurement import RequestRecord
 from pytest_specsel.core.measurement import Round
 from pytest_specsel.core.measurement import SpecTelemetry
@@ -110,3 +113,53 @@ def test_no_pair_no_decomposition_and_a_target_only_candidate_has_no_counters():
     d = decompose(cand, base)
     assert d.tokens_per_step_counters is None and d.ceiling_speedup is None and d.accepted_histogram == ()
     assert d.explained_speedup.estimate == pytest.approx(1.0)
+
+
+def test_the_engine_step_count_measures_the_step_cost_a_second_way():
+    # baseline: 4 requests x 11 steps in 4.0 s; candidate: 4 x 6 steps in 3.0 s -> 1.375x per step
+    cand, base = _pairs(
+        lambda i: dataclasses.replace(
+            _round(Role.CANDIDATE, i, 6, 30.0, 3.0, accepted=20.0, drafts=20.0), engine_steps=24.0
+        ),
+        lambda i: dataclasses.replace(_round(Role.BASELINE, i, 11, 20.0, 4.0), engine_steps=44.0),
+    )
+    d = decompose(cand, base)
+    assert d.step_cost_ratio_engine.estimate == pytest.approx((3.0 / 24) / (4.0 / 44))
+    assert d.step_cost_ratio.estimate == pytest.approx(1.5)
+    assert not d.step_cost_measures_disagree  # 1.375 against 1.5: within 10 %
+    assert (d.inputs["candidate_engine_steps"], d.inputs["baseline_engine_steps"]) == (72.0, 132.0)
+    # a server that does not count its steps: no second measure, nothing flagged
+    plain = decompose(*_pairs(lambda i: _round(Role.CANDIDATE, i, 6, 30.0, 3.0), lambda i: base[i]))
+    assert plain.step_cost_ratio_engine is None and not plain.step_cost_measures_disagree
+
+
+def test_the_two_step_cost_measures_disagreeing_is_flagged():
+    # the chunk gaps say 1.5x; the engine took twice the steps it streamed (hidden steps)
+    cand, base = _pairs(
+        lambda i: dataclasses.replace(_round(Role.CANDIDATE, i, 6, 30.0, 3.0), engine_steps=48.0),
+        lambda i: dataclasses.replace(_round(Role.BASELINE, i, 11, 20.0, 4.0), engine_steps=44.0),
+    )
+    assert decompose(cand, base).step_cost_measures_disagree
+
+
+def test_tokens_per_step_at_a_shorter_proposal_follow_from_the_per_position_counts():
+    # 100 drafts of 3 tokens: position 0 accepted 60 times, position 1 30, position 2 10
+    assert tokens_per_step_at([60.0, 30.0, 10.0], 100.0, 1) == pytest.approx(1.6)
+    assert tokens_per_step_at([60.0, 30.0, 10.0], 100.0, 2) == pytest.approx(1.9)
+    assert tokens_per_step_at([60.0, 30.0, 10.0], 100.0, 3) == pytest.approx(2.0)
+    assert tokens_per_step_at([60.0, 30.0, 10.0], 100.0, 4) is None  # beyond what was run
+    assert tokens_per_step_at([60.0], 0.0, 1) is None
+
+
+def test_the_decomposition_carries_tokens_per_step_for_every_shorter_proposal():
+    def cand(i):
+        r = _round(Role.CANDIDATE, i, 6, 30.0, 3.0)
+        t = SpecTelemetry(
+            100.0, 300.0, 100.0, (60.0 + i, 30.0, 10.0), None, None, None, True, TelemetrySource.COUNTER_DELTA
+        )
+        return dataclasses.replace(r, telemetry=t)
+
+    d = decompose(*_pairs(cand, lambda i: _round(Role.BASELINE, i, 11, 20.0, 4.0)))
+    assert [round(x.estimate, 2) for x in d.tokens_per_step_by_k] == [1.61, 1.91, 2.01]
+    assert all(x.low < x.estimate < x.high for x in d.tokens_per_step_by_k)
+    assert d.measured_speedup.estimate == pytest.approx(4.0 / 3.0)

@@ -89,6 +89,7 @@ class _Handle:
         self.cache_hits = 0.0
         self.queue_time_s = 0.0
         self.queued_count = 0.0
+        self.engine_steps = 0.0
         self.command: ServeCommand | None = None
 
     def pids(self) -> list[int]:
@@ -252,6 +253,7 @@ class _Client:
         handle.cache_hits += script.prefix_hits
         handle.queue_time_s += script.queue_wait_s * len(records)
         handle.queued_count += len(records)
+        handle.engine_steps += len(records) * script.output_tokens  # one token per chunk and step
         if counting:
             assert script.acceptance is not None
             drafts = float(len(records) * 4)
@@ -313,9 +315,8 @@ class _Scraper:
         spec: SpecCounters | None = handle.counters
         if not handle.speculative or self.world.script(handle.group).acceptance is None:
             spec = None
-        return ServerCounters(
-            spec, 1000.0 + handle.cache_hits, handle.cache_hits, handle.queue_time_s, handle.queued_count
-        )
+        counts = (handle.cache_hits, handle.queue_time_s, handle.queued_count, handle.engine_steps)
+        return ServerCounters(spec, 1000.0 + handle.cache_hits, *counts)
 
 
 class _Memory:

@@ -10,7 +10,10 @@ the client sees the steps of each request as its chunks. For a round pair:
   carries the prefill's token), pooled over the round's requests;
 * **step cost ratio**, measured on its own (never derived from the speedup): the mean gap
   between a request's chunks on the candidate over the baseline's (at concurrency 1 the
-  engine's step time; under batching a step of the whole batch);
+  engine's step time; under batching a step of the whole batch), and a second time from the
+  server's own count: the window's time per engine step (the count of
+  ``vllm:iteration_tokens_total``, one observation per engine step that produced output),
+  the two compared (beyond 10 % apart they are flagged);
 * **explained** speedup ``tokens per step (candidate / baseline, stream) / step cost ratio``,
   and the **residual** ``measured throughput speedup / explained``: what queueing, prefill
   and scheduling did. A residual beyond ±10 % is flagged, never folded into a factor.
@@ -27,6 +30,7 @@ per step. Pure: no I/O.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,7 +40,7 @@ from pytest_specsel.core.measurement import Round
 from pytest_specsel.core.records import Interval
 from pytest_specsel.core.records import to_json
 
-__all__ = ["RESIDUAL_FLAG", "Decomposition", "accepted_histogram", "decompose"]
+__all__ = ["RESIDUAL_FLAG", "Decomposition", "accepted_histogram", "decompose", "tokens_per_step_at"]
 
 #: a residual further than this from 1.0 is flagged
 RESIDUAL_FLAG = 0.10
@@ -82,6 +86,36 @@ def _geo(values: Sequence[float | None], level: float, method: str) -> Interval 
     return dataclasses.replace(found, method=method) if found is not None else None
 
 
+def _engine_step_ms(r: Round) -> float | None:
+    """The window's time over the engine's own step count (steps that produced output)."""
+    return 1000.0 * r.duration_s / r.engine_steps if r.engine_steps and r.duration_s else None
+
+
+def _throughput_ratio(c: Round, b: Round) -> float | None:
+    if c.figures and b.figures and b.figures.throughput_tokens_per_s:
+        return c.figures.throughput_tokens_per_s / b.figures.throughput_tokens_per_s
+    return None
+
+
+def tokens_per_step_at(accepted_per_position: Sequence[float], drafts: float, k: int) -> float | None:
+    """Expected tokens per step had the proposal stopped at ``k`` tokens: one verified token
+    plus the drafts' accepted tokens at positions 0..k-1. vLLM counts position i for a draft
+    only when positions 0..i were all accepted (``SpecDecodingStats.observe_draft``,
+    vllm/v1/spec_decode/metrics.py, 0.32), so the first k positions' counts are what a
+    proposal of k tokens would have had accepted (the same proposer, its first k tokens)."""
+    if not drafts or k > len(accepted_per_position):
+        return None
+    return 1.0 + sum(accepted_per_position[:k]) / drafts
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def _disagree(a: Interval | None, b: Interval | None) -> bool:
+    return a is not None and b is not None and abs(a.estimate - b.estimate) > DISAGREE * a.estimate
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Decomposition:
     """A pair's speedup as tokens per step over the step cost ratio, with the residual."""
@@ -106,9 +140,36 @@ class Decomposition:
     ceiling_speedup: float | None
     #: what each factor was computed from
     inputs: dict[str, Any]
+    #: the second measure of the step cost: window time per engine step (the server's
+    #: ``vllm:iteration_tokens_total`` count), candidate over baseline
+    step_cost_ratio_engine: Interval | None = None
+    #: the chunk-gap and the engine-step measures of the step cost differ by more than 10 %
+    step_cost_measures_disagree: bool = False
+    #: the measured throughput speedup over the same pairs
+    measured_speedup: Interval | None = None
+    #: expected tokens per step at proposal length 1..K from the per-position counters
+    tokens_per_step_by_k: tuple[Interval | None, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return to_json(self)
+
+
+def _by_k(cand: Sequence[Round], level: float) -> tuple[Interval | None, ...]:
+    """Per proposal length k = 1..K: the rounds' expected tokens per step, with an interval."""
+    per_round = [
+        (r.telemetry.accepted_per_position, r.telemetry.drafts)
+        for r in cand
+        if r.telemetry is not None and r.telemetry.accepted_per_position and r.telemetry.drafts
+    ]
+    positions = min((len(a) for a, _ in per_round), default=0)
+    return tuple(
+        _geo([tokens_per_step_at(a, d or 0.0, k) for a, d in per_round], level, _COUNTERS)
+        for k in range(1, positions + 1)
+    )
+
+
+_COUNTERS = "t_interval_on_log_round_counter_deltas"
+_STREAM = "t_interval_on_log_round_tokens_per_chunk"
 
 
 def decompose(
@@ -119,52 +180,59 @@ def decompose(
     cand, base = candidate[:n], baseline[:n]
     if not n:
         return None
-    counters = [_counter_tokens_per_step(r) for r in cand]
     stream = [_stream_tokens_per_step(r) for r in cand]
     base_stream = [_stream_tokens_per_step(r) for r in base]
-    cost = [
-        c / b if c and b else None
-        for c, b in zip(map(_chunk_gap_ms, cand), map(_chunk_gap_ms, base), strict=True)
-    ]
-    explained = [
-        (s / bs) / k if s and bs and k else None for s, bs, k in zip(stream, base_stream, cost, strict=True)
-    ]
-    measured = [
-        c.figures.throughput_tokens_per_s / b.figures.throughput_tokens_per_s
-        if c.figures and b.figures and b.figures.throughput_tokens_per_s
-        else None
-        for c, b in zip(cand, base, strict=True)
-    ]
-    residual = [m / e if m and e else None for m, e in zip(measured, explained, strict=True)]
-    res = _geo(residual, level, "t_interval_on_paired_log_residuals")
-    tps_c = _geo(counters, level, "t_interval_on_log_round_counter_deltas")
-    tps_s = _geo(stream, level, "t_interval_on_log_round_tokens_per_chunk")
-    drafts = sum(r.telemetry.drafts or 0.0 for r in cand if r.telemetry is not None)
-    positions = [r.telemetry.accepted_per_position for r in cand if r.telemetry is not None]
-    pooled = [sum(col) for col in zip(*[p for p in positions if p], strict=False)] if any(positions) else []
-    accepted = sum(r.telemetry.accepted_tokens or 0.0 for r in cand if r.telemetry is not None)
+    cost = [_ratio(_chunk_gap_ms(c), _chunk_gap_ms(b)) for c, b in zip(cand, base, strict=True)]
+    engine = [_ratio(_engine_step_ms(c), _engine_step_ms(b)) for c, b in zip(cand, base, strict=True)]
+    explained = [_ratio(_ratio(s, bs), k) for s, bs, k in zip(stream, base_stream, cost, strict=True)]
+    measured = [_throughput_ratio(c, b) for c, b in zip(cand, base, strict=True)]
+    res = _geo([_ratio(m, e) for m, e in zip(measured, explained, strict=True)], level, _RESIDUAL)
+    tps_c = _geo([_counter_tokens_per_step(r) for r in cand], level, _COUNTERS)
+    tps_s = _geo(stream, level, _STREAM)
+    step_cost = _geo(cost, level, "t_interval_on_paired_log_ratios_of_round_chunk_gaps")
+    step_engine = _geo(engine, level, "t_interval_on_paired_log_ratios_of_window_time_per_engine_step")
+    pooled = _pooled(cand)
     return Decomposition(
         tokens_per_step_counters=tps_c,
         tokens_per_step_stream=tps_s,
-        baseline_tokens_per_step_stream=_geo(base_stream, level, "t_interval_on_log_round_tokens_per_chunk"),
-        step_cost_ratio=_geo(cost, level, "t_interval_on_paired_log_ratios_of_round_chunk_gaps"),
+        baseline_tokens_per_step_stream=_geo(base_stream, level, _STREAM),
+        step_cost_ratio=step_cost,
         explained_speedup=_geo(explained, level, "t_interval_on_paired_log_ratios"),
         residual=res,
         residual_flagged=res is not None and abs(res.estimate - 1.0) > RESIDUAL_FLAG,
-        measures_disagree=(
-            tps_c is not None
-            and tps_s is not None
-            and abs(tps_c.estimate - tps_s.estimate) > DISAGREE * tps_c.estimate
-        ),
-        accepted_histogram=accepted_histogram(pooled, drafts),
-        ceiling_speedup=1.0 + accepted / drafts if drafts else None,
+        measures_disagree=_disagree(tps_c, tps_s),
+        accepted_histogram=accepted_histogram(pooled["accepted_per_position"], pooled["drafts"]),
+        ceiling_speedup=1.0 + pooled["accepted_tokens"] / pooled["drafts"] if pooled["drafts"] else None,
         inputs={
             "pairs": n,
-            "drafts": drafts,
-            "accepted_tokens": accepted,
-            "accepted_per_position": pooled,
+            **pooled,
             "candidate_chunks": sum(len(q.itl_ms) + 1 for r in cand for q in r.requests if q.ok),
             "baseline_chunks": sum(len(q.itl_ms) + 1 for r in base for q in r.requests if q.ok),
+            "candidate_engine_steps": _total(r.engine_steps for r in cand),
+            "baseline_engine_steps": _total(r.engine_steps for r in base),
             "measured_throughput_speedup_per_pair": measured,
         },
+        step_cost_ratio_engine=step_engine,
+        step_cost_measures_disagree=_disagree(step_cost, step_engine),
+        measured_speedup=_geo(measured, level, "t_interval_on_paired_log_ratios"),
+        tokens_per_step_by_k=_by_k(cand, level),
     )
+
+
+_RESIDUAL = "t_interval_on_paired_log_residuals"
+
+
+def _total(values: Iterable[float | None]) -> float | None:
+    found = [v for v in values if v is not None]
+    return sum(found) if found else None
+
+
+def _pooled(cand: Sequence[Round]) -> dict[str, Any]:
+    """The candidate's counters summed over its rounds."""
+    told = [r.telemetry for r in cand if r.telemetry is not None]
+    positions = [t.accepted_per_position for t in told if t.accepted_per_position]
+    return {
+        "drafts": sum(t.drafts or 0.0 for t in told),
+        "accepted_tokens": sum(t.accepted_tokens or 0.0 for t in told),
+        "accepted_per_position": [sum(col) for col in zip(*positions, strict=False)] if positions else [],
+    }

@@ -123,6 +123,8 @@ class ServerCounters:
     #: the server's request queue-time histogram: sum of seconds waited, requests counted
     queue_time_s: float | None = None
     queued_count: float | None = None
+    #: engine steps that produced output: the count of ``vllm:iteration_tokens_total``
+    engine_steps: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -279,6 +281,8 @@ class Round:
     request_rate: float | None = None
     #: (TTFT, TPOT) goodput targets in ms the round is judged against (None: not set)
     goodput_targets_ms: tuple[float | None, float | None] = (None, None)
+    #: engine steps over the window (the server's own count; None where unread)
+    engine_steps: float | None = None
 
     @property
     def flags(self) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_specsel.core.kforecast import k_forecasts
 from pytest_specsel.core.measurement import Round
 from pytest_specsel.core.placement import kv_capacity
 from pytest_specsel.core.placement import residence_of
@@ -247,6 +248,19 @@ def handoff_document(
         },
         # "which mechanism at which proposal length": each table's candidates by K
         "proposal_lengths": _by_group(state for state, _ in candidates),
+        # which K from one sweep: a forecast per table and closed-loop level (core/kforecast.py)
+        "k_forecast": k_forecasts(
+            (
+                state.candidate.group,
+                state.candidate.num_speculative_tokens,
+                v.scenario,
+                v.speedup_decomposition,
+            )
+            for state, views in candidates
+            if not state.candidate.target_only
+            for v in views
+            if v.request_rate is None
+        ),
         "recommendation": dict(recommendation) if recommendation is not None else None,
     }
 

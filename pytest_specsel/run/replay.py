@@ -81,7 +81,7 @@ def progress_line(
 
 
 #: (prefix-cache queries, prefix-cache hits, mean queue wait in seconds) over a window
-_Deltas = tuple[float | None, float | None, float | None]
+_Deltas = tuple[float | None, float | None, float | None, float | None]
 
 
 class _Window:
@@ -118,9 +118,9 @@ class _Window:
             return None
 
     def close(self) -> tuple[SpecTelemetry | None, MemoryReading | None, _Deltas]:
-        """Telemetry, memory, and the prefix-cache (queries, hits) and mean queue-wait deltas."""
+        """Telemetry, memory, and the prefix-cache (queries, hits), mean queue-wait and engine-step deltas."""
         if self.sampler is None:
-            return None, None, (None, None, None)
+            return None, None, (None, None, None, None)
         memory = self.sampler.stop()
         after, after_error = self._scrape()
         error = self.error or after_error
@@ -139,7 +139,7 @@ def _cache_delta(before: ServerCounters | None, after: ServerCounters | None) ->
 
     waited, count = delta("queue_time_s"), delta("queued_count")
     queue_wait = waited / count if waited is not None and count else None
-    return delta("prefix_cache_queries"), delta("prefix_cache_hits"), queue_wait
+    return delta("prefix_cache_queries"), delta("prefix_cache_hits"), queue_wait, delta("engine_steps")
 
 
 def measure_round(
@@ -174,7 +174,7 @@ def measure_round(
     except Exception as exc:
         requests, error = tuple(sink), f"{type(exc).__name__}: {exc}"
     host = meter.close_host()
-    telemetry, memory, (queries, hits, queue_wait) = meter.close()
+    telemetry, memory, (queries, hits, queue_wait, steps) = meter.close()
     if error is None and any(not r.ok for r in requests):
         bad = [r for r in requests if not r.ok]
         error = f"{len(bad)} of {len(requests)} requests failed; first: {bad[0].error}"
@@ -197,6 +197,7 @@ def measure_round(
         host,
         spec.request_rate,
         spec.goodput_targets_ms,
+        steps,
     )
     return measured, interrupt
 

@@ -82,12 +82,16 @@ _PREFIX_CACHE = {
     "vllm:prefix_cache_hits": "hits",
     "vllm:request_queue_time_seconds_sum": "queue_sum",
     "vllm:request_queue_time_seconds_count": "queue_count",
+    # one observation per engine step that produced output (AsyncLLM's output handler
+    # records each EngineCoreOutputs batch once; vllm/v1/engine/async_llm.py, 0.32)
+    "vllm:iteration_tokens_total_count": "engine_steps",
 }
 
 
 def parse_server_counters(text: str) -> ServerCounters:
-    """Spec-decode counters and the prefix cache's queries and hits (summed over engines;
-    None where the page has no such series)."""
+    """Spec-decode counters, the prefix cache's queries and hits, the queue-time histogram
+    and the engine's step count (summed over engines; None where the page has no such
+    series)."""
     cache: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -100,6 +104,7 @@ def parse_server_counters(text: str) -> ServerCounters:
         cache.get("hits"),
         cache.get("queue_sum"),
         cache.get("queue_count"),
+        cache.get("engine_steps"),
     )
 
 
