@@ -7,6 +7,7 @@ import pytest
 from pytest_specsel.core.decomposition import accepted_histogram
 from pytest_specsel.core.decomposition import decompose
 from pytest_specsel.core.decomposition import tokens_per_step_at
+from pytest_specsel.core.decomposition import tokens_per_step_over_all
 from pytest_specsel.core.measurement import RequestRecord
 from pytest_specsel.core.measurement import Round
 from pytest_specsel.core.measurement import SpecTelemetry
@@ -154,8 +155,17 @@ def test_tokens_per_step_at_a_shorter_proposal_follow_from_the_per_position_coun
 def test_the_decomposition_carries_tokens_per_step_for_every_shorter_proposal():
     def cand(i):
         r = _round(Role.CANDIDATE, i, 6, 30.0, 3.0)
+        # every one of the 20 steps drafts: tokens per step are the drafted steps'
         t = SpecTelemetry(
-            100.0, 300.0, 100.0, (60.0 + i, 30.0, 10.0), None, None, None, True, TelemetrySource.COUNTER_DELTA
+            20.0,
+            60.0,
+            20.0,
+            (12.0 + 0.2 * i, 6.0, 2.0),
+            None,
+            None,
+            None,
+            True,
+            TelemetrySource.COUNTER_DELTA,
         )
         return dataclasses.replace(r, telemetry=t)
 
@@ -163,3 +173,25 @@ def test_the_decomposition_carries_tokens_per_step_for_every_shorter_proposal():
     assert [round(x.estimate, 2) for x in d.tokens_per_step_by_k] == [1.61, 1.91, 2.01]
     assert all(x.low < x.estimate < x.high for x in d.tokens_per_step_by_k)
     assert d.measured_speedup.estimate == pytest.approx(4.0 / 3.0)
+
+
+def test_a_proposer_that_drafts_on_some_steps_only_reconciles_with_the_stream():
+    # 4 requests of 41 tokens in 23 chunks: 88 steps for 160 decoded tokens. 40 drafts accept
+    # 0.8, 0.6, 0.4 of positions 0..2 (2.8 tokens a drafted step: 112 tokens); the other 48
+    # steps had no draft (48 tokens): a share u = 0.3 of the tokens
+    def cand(i):
+        r = _round(Role.CANDIDATE, i, 23, 30.0 + i * 0.1, 3.0, tokens=41)
+        counts = (32.0, 24.0, 16.0)
+        t = SpecTelemetry(40.0, 120.0, 72.0, counts, None, None, None, True, TelemetrySource.COUNTER_DELTA)
+        return dataclasses.replace(r, telemetry=t)
+
+    d = decompose(*_pairs(cand, lambda i: _round(Role.BASELINE, i, 41, 20.0, 4.0, tokens=41)))
+    assert d.tokens_per_step_counters.estimate == pytest.approx(2.8)  # per drafted step
+    assert d.tokens_per_step_stream.estimate == pytest.approx(160 / 88)
+    assert d.drafted_step_share.estimate == pytest.approx(40 / 88)
+    # over every step the counters agree with the stream: nothing disagrees
+    assert d.tokens_per_step_by_k[-1].estimate == pytest.approx(160 / 88)
+    assert not d.measures_disagree
+    # a 1-token proposal: 1.8 tokens a drafted step, the same undrafted share
+    assert d.tokens_per_step_by_k[0].estimate == pytest.approx(1 / (0.3 + 0.7 / 1.8))
+    assert tokens_per_step_over_all(2.8, 0.0) == pytest.approx(2.8)  # every step drafts

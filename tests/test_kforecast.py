@@ -33,9 +33,10 @@ def _measured_at(k, cost, residual=1.0, pairs=3):
 
     def cand(i):
         jitter = 1.0 + 0.002 * (i - 1)
-        counts = tuple(100.0 * s for s in SHARES[:k])
+        # 4 requests of 5 steps, each step drafting
+        counts = tuple(20.0 * s for s in SHARES[:k])
         telemetry = SpecTelemetry(
-            100.0, 100.0 * k, sum(counts), counts, None, None, None, True, TelemetrySource.COUNTER_DELTA
+            20.0, 20.0 * k, sum(counts), counts, None, None, None, True, TelemetrySource.COUNTER_DELTA
         )
         duration = 4.0 * cost(k) / tokens / residual * jitter
         return _round(Role.CANDIDATE, i, 20.0 * cost(k) * jitter, duration, chunks=6, telemetry=telemetry)

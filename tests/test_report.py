@@ -61,6 +61,8 @@ def pytest_specsel_make_backend(config, device):
 """
 
 SCENARIOS = ("general-c1", "general-c4", "repetition-c1", "repetition-c4")
+#: g3 is compared in every scenario, so each has the chart of its speedup's two factors
+CHART_KINDS = ("speedup", "latency", "memory", "decomposition")
 
 
 def _workload(prefix):
@@ -130,11 +132,9 @@ class TestReportPage:
         assert (
             '<td class="failed">0.57 [0.57, 0.57]<br><small>&gt;= 1.1 · <b>failed</b></small></td>' in table
         )
-        # one speedup, latency and memory chart per scenario, each an inline svg
-        assert sorted(_charts(page)) == sorted(
-            (k, s) for k in ("speedup", "latency", "memory") for s in SCENARIOS
-        )
-        assert page.count("<svg") == 12 and page.count('id="c0-') > 0
+        # one speedup, latency, memory and decomposition chart per scenario, each an inline svg
+        assert sorted(_charts(page)) == sorted((k, s) for k in CHART_KINDS for s in SCENARIOS)
+        assert page.count("<svg") == 16 and page.count('id="c0-') > 0
         ids = re.findall(r' id="([^"]+)"', page)
         assert len(ids) == len(set(ids)), "inline charts share one id space"
         # parity: the two texts at the first divergence, marked from there
@@ -161,7 +161,7 @@ class TestReportPage:
         page = (root / "report.html").read_text()
         assert '<p class="warn">manifest.json is missing</p>' in page
         assert "<tr><td>g1_ngram</td><td>-</td><td>general-c1</td><td>completed</td>" in page
-        assert sorted(k for k, s in _charts(page) if s == "general-c1") == ["latency", "memory", "speedup"]
+        assert sorted(k for k, s in _charts(page) if s == "general-c1") == sorted(CHART_KINDS)
 
     def test_without_matplotlib_the_page_has_no_charts_and_says_so(self, make_run, pytester):
         root = make_run("a")
@@ -216,7 +216,7 @@ class TestInBrowser:
         assert (view.console_errors, view.page_errors, view.outside_requests) == ([], [], [])
         assert view.title.startswith("specsel report")
         assert sorted((c["kind"], c["scenario"]) for c in view.charts) == sorted(
-            (k, s) for k in ("speedup", "latency", "memory") for s in SCENARIOS
+            (k, s) for k in CHART_KINDS for s in SCENARIOS
         )
         assert view.undrawn() == [], "charts laid out empty or too small"
         assert view.tables >= 2

@@ -7,7 +7,13 @@ the client sees the steps of each request as its chunks. For a round pair:
 * **tokens per step**, two independent ways: from vLLM's counters over the window,
   ``1 + accepted tokens / drafts`` (each draft is one request's proposal in one step), and
   from the stream, per request ``(output tokens - 1) / (chunks - 1)`` (the first chunk
-  carries the prefill's token), pooled over the round's requests;
+  carries the prefill's token), pooled over the round's requests. The counters' figure is
+  per *drafted* step: an n-gram proposer drafts only where its lookup matches, and a step
+  without a draft yields one token. With ``u`` the share of decoded tokens from undrafted
+  steps ((request steps - drafts) / decoded tokens), the counters give tokens per step over
+  every step as ``1 / (u + (1 - u) / per drafted step)``; that is what is checked against
+  the stream (it equals the stream's exactly when the accepted tokens add up to the
+  streamed ones);
 * **step cost ratio**, measured on its own (never derived from the speedup): the mean gap
   between a request's chunks on the candidate over the baseline's (at concurrency 1 the
   engine's step time; under batching a step of the whole batch), and a second time from the
@@ -40,7 +46,14 @@ from pytest_specsel.core.measurement import Round
 from pytest_specsel.core.records import Interval
 from pytest_specsel.core.records import to_json
 
-__all__ = ["RESIDUAL_FLAG", "Decomposition", "accepted_histogram", "decompose", "tokens_per_step_at"]
+__all__ = [
+    "RESIDUAL_FLAG",
+    "Decomposition",
+    "accepted_histogram",
+    "decompose",
+    "tokens_per_step_at",
+    "tokens_per_step_over_all",
+]
 
 #: a residual further than this from 1.0 is flagged
 RESIDUAL_FLAG = 0.10
@@ -98,14 +111,38 @@ def _throughput_ratio(c: Round, b: Round) -> float | None:
 
 
 def tokens_per_step_at(accepted_per_position: Sequence[float], drafts: float, k: int) -> float | None:
-    """Expected tokens per step had the proposal stopped at ``k`` tokens: one verified token
-    plus the drafts' accepted tokens at positions 0..k-1. vLLM counts position i for a draft
-    only when positions 0..i were all accepted (``SpecDecodingStats.observe_draft``,
+    """Expected tokens per **drafted** step had the proposal stopped at ``k`` tokens: one
+    verified token plus the drafts' accepted tokens at positions 0..k-1. vLLM counts position
+    i for a draft only when positions 0..i were all accepted (``SpecDecodingStats.observe_draft``,
     vllm/v1/spec_decode/metrics.py, 0.32), so the first k positions' counts are what a
     proposal of k tokens would have had accepted (the same proposer, its first k tokens)."""
     if not drafts or k > len(accepted_per_position):
         return None
     return 1.0 + sum(accepted_per_position[:k]) / drafts
+
+
+def tokens_per_step_over_all(per_drafted_step: float, undrafted_share: float) -> float:
+    """Tokens per step over **every** step, drafted or not: a share ``u`` of the decoded
+    tokens came from steps without a draft (one token each; an n-gram proposer drafts only
+    where its lookup matches), the rest from drafted steps of ``per_drafted_step`` tokens,
+    so steps per token are ``u + (1 - u) / per_drafted_step``."""
+    return 1.0 / (undrafted_share + (1.0 - undrafted_share) / per_drafted_step)
+
+
+def _undrafted_share(r: Round) -> float | None:
+    """The share of a round's decoded tokens (after each request's first) that came from
+    steps without a draft: (request steps - drafts) / decoded tokens."""
+    t = r.telemetry
+    steps = sum(len(q.itl_ms) for q in r.requests if q.ok)
+    tokens = sum((q.output_tokens or 1) - 1 for q in r.requests if q.ok)
+    if t is None or t.drafts is None or not tokens or not steps:
+        return None
+    return min(1.0, max(0.0, (steps - t.drafts) / tokens))
+
+
+def _drafted_share(r: Round) -> float | None:
+    steps = sum(len(q.itl_ms) for q in r.requests if q.ok)
+    return r.telemetry.drafts / steps if r.telemetry is not None and r.telemetry.drafts and steps else None
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -120,7 +157,8 @@ def _disagree(a: Interval | None, b: Interval | None) -> bool:
 class Decomposition:
     """A pair's speedup as tokens per step over the step cost ratio, with the residual."""
 
-    #: the candidate's, from vLLM's counters (1 + accepted / drafts)
+    #: the candidate's per *drafted* step, from vLLM's counters (1 + accepted / drafts: vLLM's
+    #: mean acceptance length); per step only where every step drafts (``drafted_step_share``)
     tokens_per_step_counters: Interval | None
     #: the candidate's and the baseline's, from the stream (tokens per chunk)
     tokens_per_step_stream: Interval | None
@@ -132,7 +170,8 @@ class Decomposition:
     #: the measured throughput speedup / the explained one
     residual: Interval | None
     residual_flagged: bool
-    #: the counters' and the stream's tokens per step differ by more than 10 %
+    #: the counters' tokens per step over every step (``tokens_per_step_by_k[K-1]``) and the
+    #: stream's differ by more than 10 %: the accepted tokens do not add up to the stream's
     measures_disagree: bool
     #: share of drafts with accepted length 0..K, pooled over the candidate's rounds
     accepted_histogram: tuple[float, ...]
@@ -147,23 +186,36 @@ class Decomposition:
     step_cost_measures_disagree: bool = False
     #: the measured throughput speedup over the same pairs
     measured_speedup: Interval | None = None
-    #: expected tokens per step at proposal length 1..K from the per-position counters
+    #: expected tokens per step (over every step) at proposal length 1..K from the
+    #: per-position counters and the share of tokens from undrafted steps
     tokens_per_step_by_k: tuple[Interval | None, ...] = ()
+    #: drafts / request steps: 1.0 where every step drafts (EAGLE, MTP), below for n-gram;
+    #: below 1 the counters' tokens per *drafted* step exceed the stream's per step
+    drafted_step_share: Interval | None = None
 
     def to_json(self) -> dict[str, Any]:
         return to_json(self)
 
 
 def _by_k(cand: Sequence[Round], level: float) -> tuple[Interval | None, ...]:
-    """Per proposal length k = 1..K: the rounds' expected tokens per step, with an interval."""
+    """Per proposal length k = 1..K: the rounds' expected tokens per step over every step
+    (drafted or not), with an interval; the share of tokens from undrafted steps is taken as
+    the text's, the same at every k (it was at K = 2, 3 and 5 on the repetition workload)."""
     per_round = [
-        (r.telemetry.accepted_per_position, r.telemetry.drafts)
+        (r.telemetry.accepted_per_position, r.telemetry.drafts, u)
         for r in cand
-        if r.telemetry is not None and r.telemetry.accepted_per_position and r.telemetry.drafts
+        if r.telemetry is not None
+        and r.telemetry.accepted_per_position
+        and r.telemetry.drafts
+        and (u := _undrafted_share(r)) is not None
     ]
-    positions = min((len(a) for a, _ in per_round), default=0)
+    positions = min((len(a) for a, _, _ in per_round), default=0)
     return tuple(
-        _geo([tokens_per_step_at(a, d or 0.0, k) for a, d in per_round], level, _COUNTERS)
+        _geo(
+            [tokens_per_step_over_all(tokens_per_step_at(a, d or 0.0, k) or 1.0, u) for a, d, u in per_round],
+            level,
+            "t_interval_on_log_round_tokens_per_step_from_position_counters_and_undrafted_share",
+        )
         for k in range(1, positions + 1)
     )
 
@@ -191,7 +243,7 @@ def decompose(
     tps_s = _geo(stream, level, _STREAM)
     step_cost = _geo(cost, level, "t_interval_on_paired_log_ratios_of_round_chunk_gaps")
     step_engine = _geo(engine, level, "t_interval_on_paired_log_ratios_of_window_time_per_engine_step")
-    pooled = _pooled(cand)
+    pooled, by_k = _pooled(cand), _by_k(cand, level)
     return Decomposition(
         tokens_per_step_counters=tps_c,
         tokens_per_step_stream=tps_s,
@@ -200,7 +252,7 @@ def decompose(
         explained_speedup=_geo(explained, level, "t_interval_on_paired_log_ratios"),
         residual=res,
         residual_flagged=res is not None and abs(res.estimate - 1.0) > RESIDUAL_FLAG,
-        measures_disagree=_disagree(tps_c, tps_s),
+        measures_disagree=_disagree(by_k[-1] if by_k else None, tps_s),
         accepted_histogram=accepted_histogram(pooled["accepted_per_position"], pooled["drafts"]),
         ceiling_speedup=1.0 + pooled["accepted_tokens"] / pooled["drafts"] if pooled["drafts"] else None,
         inputs={
@@ -215,7 +267,8 @@ def decompose(
         step_cost_ratio_engine=step_engine,
         step_cost_measures_disagree=_disagree(step_cost, step_engine),
         measured_speedup=_geo(measured, level, "t_interval_on_paired_log_ratios"),
-        tokens_per_step_by_k=_by_k(cand, level),
+        tokens_per_step_by_k=by_k,
+        drafted_step_share=_geo([_drafted_share(r) for r in cand], level, "t_interval_on_log_round_shares"),
     )
 
 

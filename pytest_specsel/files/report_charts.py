@@ -24,9 +24,11 @@ from matplotlib.figure import Figure
 
 __all__ = [
     "Chart",
+    "DecompositionRow",
     "LatencySeries",
     "SpeedupRow",
     "acceptance_chart",
+    "decomposition_chart",
     "latency_chart",
     "memory_chart",
     "request_values",
@@ -66,6 +68,17 @@ class LatencySeries:
     label: str
     baseline: Mapping[str, Sequence[float]]
     candidate: Mapping[str, Sequence[float]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DecompositionRow:
+    """One candidate's two factors (``speedup_decomposition`` of its view), each measured
+    two ways: name -> (estimate, low, high) or None."""
+
+    label: str
+    tokens_per_step: Mapping[str, tuple[float, float, float] | None]
+    step_cost: Mapping[str, tuple[float, float, float] | None]
+    residual: float | None
 
 
 def request_values(rounds: Sequence[Mapping[str, Any]] | None, key: str) -> list[float]:
@@ -244,3 +257,45 @@ def memory_chart(bars: Sequence[tuple[str, float, bool]], budget: float | None, 
         ax.grid(axis="x", alpha=0.3)
 
     return _draw("memory", "peak memory vs the budget", prefix, (6.5, 0.6 + 0.3 * len(bars)), draw)
+
+
+def _factor(ax: Axes, rows: Sequence[DecompositionRow], pick: str, xlabel: str) -> None:
+    """One factor's panel: per candidate a dot and whisker for each of its two measures."""
+    measures = sorted({m for r in rows for m in getattr(r, pick)})
+    for j, measure in enumerate(measures):
+        label: str | None = measure  # once per measure, on its first drawn point
+        for y, row in enumerate(rows):
+            found = getattr(row, pick).get(measure)
+            if found is None:
+                continue
+            at = y + 0.18 * (j - (len(measures) - 1) / 2)
+            estimate, low, high = found
+            ax.plot([low, high], [at, at], color=_color(j), linewidth=2)
+            ax.plot([estimate], [at], "o", color=_color(j), markersize=5, label=label)
+            label = None
+    ax.axvline(1.0, color="#555555", linewidth=0.8, linestyle=":")
+    ax.set_xlabel(xlabel)
+    ax.margins(x=0.15)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(loc="lower right", fontsize=6)
+
+
+def decomposition_chart(rows: Sequence[DecompositionRow], prefix: str) -> Chart | None:
+    """Where the speedup went, per candidate: tokens per verification step (counters and
+    stream) beside the step cost relative to the baseline (chunk gaps and engine steps);
+    speedup ~= tokens per step / step cost x residual (the residual in the label)."""
+    rows = [r for r in rows if any(r.tokens_per_step.values()) or any(r.step_cost.values())]
+    if not rows:
+        return None
+
+    def draw(fig: Figure) -> None:
+        left, right = fig.subplots(1, 2, sharey=True)
+        _factor(left, rows, "tokens_per_step", "tokens per step (candidate)")
+        _factor(right, rows, "step_cost", "step cost (candidate / baseline)")
+        labels = [r.label + (f"\nresidual {r.residual:.2f}" if r.residual is not None else "") for r in rows]
+        left.set_yticks(range(len(rows)), labels)
+        left.set_ylim(-0.7, len(rows) - 0.3)
+        left.invert_yaxis()
+
+    size = (7.0, 1.0 + 0.55 * len(rows))
+    return _draw("decomposition", "tokens per step x step cost, per candidate", prefix, size, draw)

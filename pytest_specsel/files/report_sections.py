@@ -230,7 +230,7 @@ _LATENCY_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
 
 
 def _scenario_charts(run: RunFolder, scenario: str, charts: ModuleType, first: int) -> list[Any]:
-    speedups, latencies, acceptance, memory = [], [], [], []
+    speedups, latencies, acceptance, memory, factors = [], [], [], [], []
     own: dict[str, list[float]] = {}
     # the study's gates; a run without its handoff still has each decision's thresholds
     thresholds = {"throughput_speedup": run.gates.get("min_throughput_speedup")}
@@ -259,6 +259,8 @@ def _scenario_charts(run: RunFolder, scenario: str, charts: ModuleType, first: i
             mine = {k: charts.request_values(raw.get("rounds"), k) for k in _LATENCY_KEYS}
             latencies.append(charts.LatencySeries(name, pick, mine))
         acceptance.append((name, (view.get("telemetry") or {}).get("acceptance_by_position") or []))
+        if view.get("speedup_decomposition"):
+            factors.append(_factors(charts, name, view["speedup_decomposition"]))
     if not latencies and any(own.values()):
         latencies.append(charts.LatencySeries("baseline (own rounds)", {}, own))
     threshold, budget = thresholds["throughput_speedup"], thresholds["peak_memory_mb"]
@@ -267,8 +269,19 @@ def _scenario_charts(run: RunFolder, scenario: str, charts: ModuleType, first: i
         charts.latency_chart(latencies, f"c{first + 1}-"),
         charts.acceptance_chart(acceptance, f"c{first + 2}-"),
         charts.memory_chart(memory, budget, f"c{first + 3}-"),
+        charts.decomposition_chart(factors, f"c{first + 4}-"),
     ]
     return [chart for chart in drawn if chart is not None]
+
+
+def _factors(charts: ModuleType, name: str, d: dict[str, Any]) -> Any:
+    def iv(key: str) -> tuple[float, float, float] | None:
+        found = d.get(key) or {}
+        return (found["estimate"], found["low"], found["high"]) if found.get("estimate") else None
+
+    tokens = {"counters": iv("tokens_per_step_counters"), "stream": iv("tokens_per_step_stream")}
+    cost = {"chunk gaps": iv("step_cost_ratio"), "engine steps": iv("step_cost_ratio_engine")}
+    return charts.DecompositionRow(name, tokens, cost, (d.get("residual") or {}).get("estimate"))
 
 
 def _scenarios(run: RunFolder, charts: ModuleType | None) -> str:
@@ -283,7 +296,7 @@ def _scenarios(run: RunFolder, charts: ModuleType | None) -> str:
                 rows.append(_figures_row(c, view))
         parts.append(f'<h3 id="scenario-{esc(scenario)}">{esc(scenario)}</h3>')
         parts.append(table(header, rows, "figures") if rows else "<p>Nothing measured in this scenario.</p>")
-        for chart in _scenario_charts(run, scenario, charts, 4 * i) if charts is not None else []:
+        for chart in _scenario_charts(run, scenario, charts, 5 * i) if charts is not None else []:
             parts.append(
                 f'<figure class="chart" data-chart="{esc(chart.kind)}" data-scenario="{esc(scenario)}">'
                 f"{chart.svg}<figcaption>{esc(scenario)}: {esc(chart.title)}</figcaption></figure>"

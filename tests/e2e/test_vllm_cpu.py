@@ -116,6 +116,16 @@ max_rounds = 2
     assert parts["tokens_per_step_stream"]["estimate"] > 1.0
     assert parts["step_cost_ratio"]["estimate"] > 0 and parts["residual"]["pairs"] == 2
     assert abs(sum(parts["accepted_histogram"]) - 1.0) < 1e-6 and parts["ceiling_speedup"] > 1.0
+    # the engine's own step count: at concurrency 1 one streamed chunk per engine step (the
+    # first from the prefill), on both servers; it gives the step cost a second time
+    for side in ("rounds", "baseline_rounds"):
+        for r in raw[side]:
+            chunks = sum(len(q["itl_ms"]) + 1 for q in r["requests"])
+            assert abs(r["engine_steps"] - chunks) <= 0.02 * chunks, (side, r["engine_steps"], chunks)
+    assert parts["step_cost_ratio_engine"]["estimate"] > 0
+    # n-gram drafts only where its lookup matches: per drafted step the counters say more
+    # than the stream, and over every step they agree with it
+    assert 0 < parts["drafted_step_share"]["estimate"] <= 1.0 and not parts["measures_disagree"]
     requests = raw["rounds"][0]["requests"]
     assert len(requests) == 4 and all(r["ok"] for r in requests)
     for r in requests:
