@@ -454,6 +454,35 @@ class TestFiles:
         assert gates["tpot_speedup"]["state"] == "passed" and "throughput_speedup" not in gates
         assert gates["goodput_ratio"]["value"] == 1.0
 
+    def test_a_logs_recorded_arrivals_replay_as_their_own_open_loop_level(self, project):
+        """``request_rate = ["recorded"]``: each request at its logged ``arrival_s``, judged
+        as an open-loop level (TPOT speedup), kept apart from the rate sweep as ``recorded``;
+        a workload without times is refused before any server starts."""
+        study = STUDY.replace("concurrency = [1, 4]", 'concurrency = [1]\nrequest_rate = ["recorded"]')
+        p = project("{'g1_ngram': FakeScript(token_s=0.004)}", study=study)
+        timed = [{"request_id": f"gen-{i}", "prompt": f"p{i}", "arrival_s": 0.5 * i} for i in range(2)]
+        p.makefile(".jsonl", general="\n".join(json.dumps(line) for line in timed))
+        p.makefile(
+            ".jsonl",
+            repetition="\n".join(json.dumps({**x, "request_id": f"rep{x['request_id']}"}) for x in timed),
+        )
+        result = p.runpytest_subprocess("--specsel-cpu", "--specsel-label", "log", "-k", "ngram and general")
+        row = next(
+            line for line in result.stdout.str().splitlines() if line.startswith("g1_ngram-general-recorded")
+        )
+        assert re.findall(r"\d+\.\d\d \[\d+\.\d\d,\d+\.\d\d\]\+", row)[0].startswith("2.50"), row
+        raw = json.loads((p.path / "results" / "log" / "raw" / "g1_ngram__general-recorded.json").read_text())
+        assert raw["arguments"]["arrivals"] == "recorded" and raw["arguments"]["request_rate"] is None
+        assert raw["rounds"][0]["request_rate"] == 2.0  # 1 gap in 0.5 s
+        assert raw["scenario"]["arrivals"] == "recorded" and raw["scenario"]["evidence"]["open_loop"] is True
+        general = _handoff(p, "log")["recommendation"]["workloads"]["general"]
+        assert list(general["rates"]) == ["recorded"] and general["rates"]["recorded"]["recorded"] is True
+        assert general["rate_crossover"] == {}  # one replay is no sweep
+        p.makefile(".jsonl", general="\n".join(json.dumps({**x, "arrival_s": None}) for x in timed))
+        refused = p.runpytest_subprocess("--specsel-cpu", "--specsel-label", "log2")
+        assert refused.ret != 0
+        refused.stderr.fnmatch_lines(["*workload 'general' (*general.jsonl) records no arrival_s*"])
+
 
 class TestHouse:
     def test_a_family_added_to_the_family_table_runs_as_an_extra_candidate(self, project):

@@ -313,3 +313,94 @@ class TestPerCategory:
 
         page = write_report(sel.paths.root).read_text()
         assert 'id="categories"' in page and "<td>24/24</td>" in page
+
+
+class TestRecordedArrivals:
+    """A traffic log's own arrival times, kept by the import and replayed as recorded."""
+
+    def _log(self, tmp_path, stamps):
+        lines = [
+            {"id": f"q{i}", "messages": [{"role": "user", "content": f"question {i}"}], "timestamp": t}
+            for i, t in enumerate(stamps)
+        ]
+        return write(tmp_path, *lines, name="log.src")
+
+    def test_the_import_keeps_the_logs_times_in_order_from_the_first_written_request(self, tmp_path):
+        # ISO 8601 and epoch seconds alike; the log is not in time order
+        log = self._log(tmp_path, ["2026-12-07T10:00:02.500Z", "2026-12-07T10:00:01Z", 1796637605.0])
+        provenance = import_workload("openai-chat", log, tmp_path / "o.jsonl", ImportOptions())
+        workload = load_workload("o", tmp_path / "o.jsonl")
+        assert [p.request_id for p in workload.prompts] == ["q1", "q0", "q2"]
+        assert workload.recorded_arrivals() == pytest.approx((0.0, 1.5, 1796637605.0 - 1796637601.0))
+        assert provenance["arrivals"] == "recorded"
+        assert workload.recorded_rate() == pytest.approx(2 / 4.0)
+
+    def test_a_sample_keeps_each_requests_recorded_time(self, tmp_path):
+        log = self._log(tmp_path, [float(t) for t in range(10)])
+        import_workload("openai-chat", log, tmp_path / "o.jsonl", ImportOptions(sample=3, seed=1))
+        arrivals = load_workload("o", tmp_path / "o.jsonl").recorded_arrivals()
+        assert len(arrivals) == 3 and arrivals[0] == 0.0 and all(a == int(a) for a in arrivals)
+        assert list(arrivals) == sorted(arrivals)
+
+    def test_a_log_without_times_writes_none_and_a_bad_time_says_where(self, tmp_path):
+        plain = write(tmp_path, {"messages": [{"role": "user", "content": "hi"}]}, name="plain.src")
+        provenance = import_workload("openai-chat", plain, tmp_path / "p.jsonl", ImportOptions())
+        assert provenance["arrivals"] is None
+        assert load_workload("p", tmp_path / "p.jsonl").recorded_arrivals() is None
+        bad = self._log(tmp_path, ["yesterday"])
+        with pytest.raises(WorkloadImportError, match=r"log.src:1: timestamp 'yesterday' is neither"):
+            import_workload("openai-chat", bad, tmp_path / "b.jsonl", ImportOptions())
+
+    @pytest.mark.parametrize(
+        "lines,message",
+        [
+            ([{"arrival_s": -1}], r":1: 'arrival_s' must be a number of seconds >= 0"),
+            ([{"arrival_s": "1"}], r":1: 'arrival_s' must be a number"),
+            ([{"arrival_s": 0.0}, {}], r":2: no 'arrival_s' where other lines have one"),
+            ([{"arrival_s": 2.0}, {"arrival_s": 1.0}], r":2: arrival_s 1 is before line 1's 2"),
+        ],
+    )
+    def test_a_bad_recorded_arrival_is_named_with_its_file_and_line(self, tmp_path, lines, message):
+        path = write(tmp_path, *({"request_id": f"r{i}", "prompt": "p", **x} for i, x in enumerate(lines)))
+        with pytest.raises(WorkloadError, match=f"{path}{message}"):
+            load_workload("w", path)
+
+    def test_recorded_is_one_more_open_loop_level_and_a_bad_rate_entry_is_named(self, tmp_path):
+        from pytest_specsel.core.results import scenarios_of
+
+        study = study_from_mapping(
+            {
+                "workloads": {"log": "log.jsonl"},
+                "run": {"concurrency": [2], "request_rate": [1.0, "recorded"]},
+            },
+            tmp_path,
+        )
+        assert study.recorded_arrivals and study.request_rate == (1.0,)
+        keys = [s.key for s in scenarios_of(study)]
+        assert keys == ["log-c2", "log-r1", "log-recorded"]
+        assert study.peak_concurrency == 2
+        with pytest.raises(StudyError, match=r'run.request_rate.*and "recorded"'):
+            study_from_mapping({"run": {"request_rate": ["as logged"]}}, tmp_path)
+
+
+def test_a_recorded_replay_sends_each_repeat_after_the_last_at_the_logs_times(tmp_path):
+    import dataclasses
+
+    from pytest_specsel.core.results import Scenario
+    from pytest_specsel.run.replay import replay_spec
+
+    path = write(
+        tmp_path, *({"request_id": f"r{i}", "prompt": "p", "arrival_s": t} for i, t in enumerate([5, 6, 9]))
+    )
+    workload = load_workload("log", path)
+    study = dataclasses.replace(study_from_mapping({"workloads": {"log": str(path)}}, tmp_path), repeats=2)
+
+    class Handle:
+        base_url = "http://x"
+
+    spec = replay_spec(study, workload, Handle(), Scenario("log", 4, recorded=True))
+    # 2 gaps over 4 s: 0.5 a second; the second pass starts one mean gap (2 s) after the last
+    assert spec.arrivals == (0.0, 1.0, 4.0, 6.0, 7.0, 10.0) and spec.request_rate == 0.5
+    plain = load_workload("w", write(tmp_path, {"request_id": "a", "prompt": "p"}, name="p.jsonl"))
+    with pytest.raises(WorkloadError, match="records no arrival_s"):
+        replay_spec(study, plain, Handle(), Scenario("w", 4, recorded=True))

@@ -114,6 +114,8 @@ class Choice:
     serve: Serve
     #: an open-loop level: requests per second (``concurrency`` is then its cap)
     request_rate: float | None = None
+    #: the open-loop level replays the workload's recorded arrivals (its mean rate above)
+    recorded: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -155,7 +157,7 @@ class Recommendation:
                     "per_batch_size_schedule": to_json(w.schedule) if w.schedule else None,
                     "per_batch_size_schedule_reason": w.schedule_reason,
                     "crossover": {x.candidate: x.to_json() for x in w.crossovers},
-                    "rates": {f"{c.request_rate:g}": to_json(c) for c in w.rates},
+                    "rates": {_rate_key(c): to_json(c) for c in w.rates},
                     "rate_crossover": {x.candidate: x.to_json() for x in w.rate_crossovers},
                 }
                 for w in self.workloads
@@ -268,6 +270,7 @@ def choose(base: ScenarioView, contenders: Sequence[Contender], basis: _Basis) -
         workload=base.workload,
         concurrency=base.concurrency,
         request_rate=base.request_rate,
+        recorded=base.arrivals == "recorded",
         choice=choice,
         rule=rule,
         tie=rule is Rule.TIE_BROKEN_BY_PREFERENCE,
@@ -310,15 +313,17 @@ def recommend(
     for base in next((vs for s, vs in states if s is base_state), ()):
         found = [contender(s, vs[base.scenario]) for s, vs in others if base.scenario in vs]
         groups.update((c.name, c) for c in found)
-        key = (base.workload, base.request_rate is not None)
+        key = (base.workload, base.open_loop)
         by_workload.setdefault(key, []).append(choose(base, found, basis))
         sweep = sweeps.setdefault(key, {})
         at = base.request_rate if base.request_rate is not None else base.concurrency
         for c in found:
             ev = c.view.evidence
             # only a compared pair has a speedup (never a 0.00x for a candidate not measured)
+            # a recorded replay is a level of its own, not a point of the rate sweep
             if (
                 not c.calibration
+                and base.arrivals != "recorded"
                 and c.track == track
                 and ev is not None
                 and ev.status is EvidenceStatus.COMPARABLE
@@ -349,3 +354,8 @@ def _level(choice: Choice, chosen: Contender | None) -> Level:
     if chosen is None:
         return Level(choice.concurrency, choice.choice, None, 0)
     return Level(choice.concurrency, choice.choice, chosen.group, chosen.num_speculative_tokens)
+
+
+def _rate_key(c: Choice) -> str:
+    """An open-loop choice's name in ``rates``: its rate, or ``recorded`` for a replay."""
+    return "recorded" if c.recorded or c.request_rate is None else f"{c.request_rate:g}"

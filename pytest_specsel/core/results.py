@@ -64,9 +64,17 @@ class Scenario:
     concurrency: int
     #: open loop: requests per second (``core/arrivals.py``); None: closed loop
     request_rate: float | None = None
+    #: open loop at the workload's recorded arrivals (``request_rate`` is then None)
+    recorded: bool = False
+
+    @property
+    def open_loop(self) -> bool:
+        return self.request_rate is not None or self.recorded
 
     @property
     def key(self) -> str:
+        if self.recorded:
+            return f"{self.workload}-recorded"
         if self.request_rate is not None:
             return f"{self.workload}-r{self.request_rate:g}"
         return f"{self.workload}-c{self.concurrency}"
@@ -81,6 +89,7 @@ def scenarios_of(study: Study) -> list[Scenario]:
     return [
         *(Scenario(w, c) for w in study.workloads for c in study.concurrency),
         *(Scenario(w, study.rate_cap, r) for w in study.workloads for r in study.request_rate),
+        *(Scenario(w, study.rate_cap, recorded=True) for w in study.workloads if study.recorded_arrivals),
     ]
 
 
@@ -170,8 +179,11 @@ class ScenarioView:
     track: str
     run_status: RunStatus
     error: str | None = None
-    #: open loop: requests per second (``concurrency`` is then the cap); None: closed loop
+    #: open loop: requests per second (``concurrency`` is then the cap); None: closed loop.
+    #: A recorded replay: its mean rate (requests - 1 over the recorded span)
     request_rate: float | None = None
+    #: open loop: "schedule" (seeded gamma arrivals) or "recorded" (the log's); None: closed loop
+    arrivals: str | None = None
     #: relative to the run folder
     raw_path: str | None = None
     rounds: int = 0
@@ -216,6 +228,10 @@ class ScenarioView:
             return "baseline"
         return Verdict.NOT_EVALUATED.value
 
+    @property
+    def open_loop(self) -> bool:
+        return self.request_rate is not None or self.arrivals is not None
+
     def to_json(self) -> dict[str, Any]:
         return to_json(self)
 
@@ -238,7 +254,8 @@ def view_of(result: ScenarioResult, root: Path) -> ScenarioView:
         scenario=result.scenario.key,
         workload=result.scenario.workload,
         concurrency=result.scenario.concurrency,
-        request_rate=result.scenario.request_rate,
+        request_rate=_rate_of(result),
+        arrivals=_arrivals_of(result.scenario),
         role=result.role,
         track=result.track,
         run_status=result.run_status,
@@ -263,6 +280,17 @@ def view_of(result: ScenarioResult, root: Path) -> ScenarioView:
     )
 
 
+def _arrivals_of(scenario: Scenario) -> str | None:
+    return "recorded" if scenario.recorded else "schedule" if scenario.request_rate is not None else None
+
+
+def _rate_of(result: ScenarioResult) -> float | None:
+    """The scenario's rate; a recorded replay's is its rounds' (the log's mean rate)."""
+    if result.scenario.recorded:
+        return next((r.request_rate for r in result.rounds if r.request_rate is not None), None)
+    return result.scenario.request_rate
+
+
 def not_run_view(state: CandidateState, scenario: Scenario, role: Role) -> ScenarioView:
     """The view of a scenario a candidate never measured: evidence and decision not_evaluated."""
     evidence, decision = None, None
@@ -279,6 +307,7 @@ def not_run_view(state: CandidateState, scenario: Scenario, role: Role) -> Scena
         workload=scenario.workload,
         concurrency=scenario.concurrency,
         request_rate=scenario.request_rate,
+        arrivals=_arrivals_of(scenario),
         role=role,
         track=state.track,
         run_status=state.run_status,

@@ -24,6 +24,7 @@ __all__ = [
     "Backend",
     "Candidate",
     "PREFERENCES",
+    "RECORDED",
     "Study",
     "with_aa_calibration",
 ]
@@ -34,6 +35,9 @@ AA_CANDIDATE = "aa_calibration"
 #: what may break a tie between accepted candidates (``core/recommendation.py``), in the
 #: default order: lower peak memory, then no extra checkpoint, then the smaller K
 PREFERENCES = ("peak_memory", "no_checkpoint", "smaller_k")
+
+#: the ``run.request_rate`` entry that replays a workload's recorded arrivals
+RECORDED = "recorded"
 
 #: the fixed candidate identities, in launch order
 GROUPS = ("g0_target_only", "g1_ngram", "g2_mtp", "g3_eagle", "g4_dflash", "g5_dspark")
@@ -257,6 +261,8 @@ class Study:
     warmup_max_tokens: int = 8
     #: open-loop levels, requests per second (``core/arrivals.py``)
     request_rate: tuple[float, ...] = ()
+    #: one more open-loop level per workload: its requests at their recorded ``arrival_s``
+    recorded_arrivals: bool = False
     #: the gamma shape of the gaps between arrivals (1: Poisson)
     burstiness: float = 1.0
     arrival_seed: int = 0
@@ -276,7 +282,8 @@ class Study:
     @property
     def peak_concurrency(self) -> int:
         """The most requests in flight any scenario has (the capacity estimate's)."""
-        return max((*self.concurrency, *((self.rate_cap,) if self.request_rate else ())), default=1)
+        open_loop = self.request_rate or self.recorded_arrivals
+        return max((*self.concurrency, *((self.rate_cap,) if open_loop else ())), default=1)
 
     @property
     def goodput_targets(self) -> tuple[float | None, float | None]:

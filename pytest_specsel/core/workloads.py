@@ -17,7 +17,7 @@ from pathlib import Path
 
 __all__ = ["Prompt", "Workload", "WorkloadError", "load_workload"]
 
-_ALLOWED = {"request_id", "prompt", "messages", "max_tokens", "category"}
+_ALLOWED = {"request_id", "prompt", "messages", "max_tokens", "category", "arrival_s"}
 _ROLES = ("system", "user", "assistant")
 
 
@@ -35,6 +35,8 @@ class Prompt:
     #: single-turn prompt
     messages: tuple[tuple[str, str], ...] = ()
     category: str | None = None
+    #: a recorded request's arrival, seconds from the log's first (``arrival_s``)
+    arrival_s: float | None = None
 
     def chat(self) -> list[dict[str, str]]:
         """The request's messages as the chat endpoint takes them."""
@@ -58,6 +60,21 @@ class Workload:
     def categories(self) -> dict[str, str]:
         """Request id to its category, for the requests that have one."""
         return {p.request_id: p.category for p in self.prompts if p.category}
+
+    def recorded_arrivals(self) -> tuple[float, ...] | None:
+        """Each request's recorded arrival, seconds from the first one sent; None where the
+        file records none (``load_workload`` makes it all lines or none, in time order)."""
+        if not self.prompts or self.prompts[0].arrival_s is None:
+            return None
+        first = self.prompts[0].arrival_s
+        return tuple((p.arrival_s or 0.0) - first for p in self.prompts)
+
+    def recorded_rate(self) -> float:
+        """The recorded mean rate: requests - 1 over the recorded span (all at one instant:
+        as many a second as there are requests)."""
+        recorded = self.recorded_arrivals() or (0.0,)
+        span = recorded[-1] - recorded[0]
+        return (len(recorded) - 1) / span if span > 0 else float(len(recorded))
 
 
 def _decode(raw: bytes, path: Path) -> str:
@@ -97,13 +114,22 @@ def _prompt(line: str, where: str) -> Prompt:
         raise WorkloadError(
             f"specsel: {where}: give exactly one of 'prompt' (a single turn) and 'messages' (a chat request)"
         )
+    arrival = item.get("arrival_s")
+    if arrival is not None and (
+        not isinstance(arrival, int | float) or isinstance(arrival, bool) or arrival < 0
+    ):
+        raise WorkloadError(
+            f"specsel: {where}: 'arrival_s' must be a number of seconds >= 0 (from the log's first "
+            f"request), got {arrival!r}"
+        )
+    at = float(arrival) if arrival is not None else None
     if "messages" in item:
         messages = _messages(item["messages"], where)
-        return Prompt(rid, messages[-1][1], max_tokens, messages, category)
+        return Prompt(rid, messages[-1][1], max_tokens, messages, category, at)
     prompt = item["prompt"]
     if not isinstance(prompt, str) or not prompt.strip():
         raise WorkloadError(f"specsel: {where}: 'prompt' must be a non-empty string")
-    return Prompt(rid, prompt, max_tokens, category=category)
+    return Prompt(rid, prompt, max_tokens, category=category, arrival_s=at)
 
 
 def _messages(value: object, where: str) -> tuple[tuple[str, str], ...]:
@@ -157,6 +183,7 @@ def load_workload(name: str, path: Path, num_prompts: int | None = None) -> Work
         prompts.append(prompt)
     if not prompts:
         raise WorkloadError(f"specsel: workload {name!r}: {path} holds no prompts")
+    _check_arrivals(prompts, path, list(seen.values()))
     if num_prompts is not None:
         if num_prompts > len(prompts):
             raise WorkloadError(
@@ -165,3 +192,22 @@ def load_workload(name: str, path: Path, num_prompts: int | None = None) -> Work
             )
         prompts = prompts[:num_prompts]
     return Workload(name, str(path), hashlib.sha256(raw).hexdigest(), tuple(prompts))
+
+
+def _check_arrivals(prompts: list[Prompt], path: Path, lines: list[int]) -> None:
+    """Recorded arrivals on every line or on none, in time order (the replay sends them in
+    file order)."""
+    timed = [p.arrival_s is not None for p in prompts]
+    if any(timed) and not all(timed):
+        missing = lines[timed.index(False)]
+        raise WorkloadError(
+            f"specsel: {path}:{missing}: no 'arrival_s' where other lines have one; recorded arrivals "
+            "go on every line or on none"
+        )
+    for i in range(1, len(prompts)):
+        before, now = prompts[i - 1].arrival_s, prompts[i].arrival_s
+        if before is not None and now is not None and now < before:
+            raise WorkloadError(
+                f"specsel: {path}:{lines[i]}: arrival_s {now:g} is before line {lines[i - 1]}'s {before:g}; "
+                "recorded requests go in time order (sort the file by arrival_s)"
+            )

@@ -83,6 +83,8 @@ def raw_arguments(study: Study, workload: Workload, scenario: Scenario) -> dict[
         "request_rate": scenario.request_rate,
         "burstiness": study.burstiness if scenario.request_rate is not None else None,
         "arrival_seed": study.arrival_seed if scenario.request_rate is not None else None,
+        # "recorded": the workload's own arrival_s were replayed (request_rate is then None)
+        "arrivals": "recorded" if scenario.recorded else "schedule" if scenario.request_rate else None,
         "ignore_eos": study.ignore_eos,
         "warmup": study.warmup,
         "warmup_workload": str(study.warmup_workload),
@@ -259,7 +261,7 @@ def handoff_document(
             for state, views in candidates
             if not state.candidate.target_only
             for v in views
-            if v.request_rate is None
+            if not v.open_loop
         ),
         "recommendation": dict(recommendation) if recommendation is not None else None,
     }

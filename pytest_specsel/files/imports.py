@@ -10,7 +10,9 @@
   ``turns``); its second turns have no recorded first answer (``reference`` is a grading
   key), so a request is the first turn only;
 * ``openai-chat``: a JSONL of chat requests (``{"messages", "max_tokens"?, ...}``, e.g. a
-  traffic log).
+  traffic log); where every line has a time (``arrival_s``, ``timestamp`` or ``created``:
+  epoch seconds or ISO 8601), the lines are written in time order with ``arrival_s``,
+  seconds from the first written request, and ``request_rate = ["recorded"]`` replays them.
 
 and writes plain JSONL that ``core/workloads.py`` accepts (every line validated again on
 the way out), then ``FILE.provenance.json``: the source's sha256, the format, the options,
@@ -20,6 +22,7 @@ the seed, what was dropped and why, and the counts per category.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import json
 import random
@@ -142,7 +145,43 @@ def _openai_chat(source: Path) -> Iterable[dict[str, Any]]:
         while turns and turns[-1][0] == "assistant":
             turns.pop()  # a logged answer: the server writes it again
         rid = str(item.get("request_id") or item.get("id") or f"chat-{number}")
-        yield _chat_line(rid, turns, item.get("category"), item.get("max_tokens"))
+        line = _chat_line(rid, turns, item.get("category"), item.get("max_tokens"))
+        stamp = next((item[k] for k in _STAMPS if item.get(k) is not None), None)
+        if stamp is not None:
+            line[_AT] = _seconds(stamp, f"{source}:{number}")
+        yield line
+
+
+#: where a logged chat request says when it came: the first of these keys it carries
+_STAMPS = ("arrival_s", "timestamp", "created")
+#: the absolute time, held on a line until the kept lines are written
+_AT = "_recorded_at_s"
+
+
+def _seconds(stamp: Any, where: str) -> float:
+    """A timestamp as seconds: a number (epoch seconds, as OpenAI's ``created``) or an ISO
+    8601 string (``2026-12-07T10:00:01.250Z``)."""
+    if isinstance(stamp, int | float) and not isinstance(stamp, bool):
+        return float(stamp)
+    if isinstance(stamp, str):
+        try:
+            return datetime.datetime.fromisoformat(stamp).timestamp()
+        except ValueError:
+            pass
+    raise _Bad(
+        f"specsel: {where}: timestamp {stamp!r} is neither epoch seconds nor an ISO 8601 time "
+        "(e.g. 2026-12-07T10:00:01.250Z)"
+    )
+
+
+def _recorded(kept: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Lines with timestamps in time order, each with ``arrival_s`` from the first kept one
+    (a sample keeps each request's recorded time: a thinner log, not a compressed one)."""
+    if not kept or not all(_AT in line for line in kept):
+        return [{k: v for k, v in line.items() if k != _AT} for line in kept]
+    kept = sorted(kept, key=lambda line: line[_AT])
+    first = kept[0][_AT]
+    return [{**{k: v for k, v in line.items() if k != _AT}, "arrival_s": line[_AT] - first} for line in kept]
 
 
 FORMATS: dict[str, Callable[[Path], Iterable[dict[str, Any]]]] = {
@@ -222,7 +261,7 @@ def import_workload(fmt: str, source: Path, out: Path, options: ImportOptions) -
         dropped[f"longer than {options.max_prompt_tokens} prompt tokens"] = len(lines) - len(within)
         lines = within
     source_counts = _counts(lines)
-    kept = _select(lines, options)
+    kept = _recorded(_select(lines, options))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in kept), encoding="utf-8")
     try:
@@ -240,6 +279,8 @@ def import_workload(fmt: str, source: Path, out: Path, options: ImportOptions) -
         "dropped": dropped,
         "written": len(workload.prompts),
         "chat_requests": sum(1 for p in workload.prompts if p.messages),
+        # "recorded": each line's arrival_s, seconds from the first written request
+        "arrivals": "recorded" if workload.recorded_arrivals() is not None else None,
         "by_category_eligible": source_counts,
         "by_category": _counts(kept),
         "sha256": workload.sha256,

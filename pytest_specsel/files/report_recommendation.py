@@ -206,3 +206,32 @@ def serve_command(
     if port is not None and serve.get("port_index") is not None:
         argv[int(serve["port_index"])] = str(port)
     return {str(k): str(v) for k, v in (serve.get("env") or {}).items()}, argv
+
+
+def forecast_lines(k_forecast: Mapping[str, Any] | None) -> list[str]:
+    """One line per swept table and load level: the forecast speedup per proposal length,
+    the measured one beside it, the best K and the held-out check (README "Which proposal
+    length"). Tables with one K say nothing: there is nothing to forecast."""
+    lines = []
+    for strategy, scenarios in sorted((k_forecast or {}).items()):
+        for scenario, f in sorted(scenarios.items()):
+            if not f.get("points"):
+                continue
+            per_k = []
+            for p in f["points"]:
+                said = f"K={p['k']} {_x(p.get('predicted'))}"
+                per_k.append(said + (f" (measured {_x(p['measured'])})" if p.get("measured") else ""))
+            held = [
+                f"K={p['k']} {100 * p['held_out_error']:+.1f} %"
+                for p in f["points"]
+                if p.get("held_out_error") is not None
+            ]
+            best = f"best K {f['best_k']} ({'measured' if f['best_k_measured'] else 'not measured'})"
+            check = f"; held out from the other K: {', '.join(held)}" if held else ""
+            told = "; ".join(per_k)
+            lines.append(f"{strategy} {scenario} proposal length (forecast): {told}; {best}{check}")
+    return lines
+
+
+def _x(interval: Mapping[str, Any] | None) -> str:
+    return f"{interval['estimate']:.2f}x" if interval else "-"

@@ -19,6 +19,7 @@ from pytest_specsel.core.openloop import speed_key
 from pytest_specsel.core.records import GateState
 from pytest_specsel.core.records import RunStatus
 from pytest_specsel.core.results import ScenarioView
+from pytest_specsel.files.report_recommendation import forecast_lines
 from pytest_specsel.files.report_recommendation import recommendation_lines
 from pytest_specsel.run.runner import Selection
 
@@ -105,10 +106,10 @@ _Row = TypeVar("_Row")
 _DECISIONS: tuple[Column, ...] = (
     ("case", _case),
     ("decision", lambda v: v.verdict),
-    ("speedup", lambda v: _gate(v, speed_key(v.request_rate is not None))),
+    ("speedup", lambda v: _gate(v, speed_key(v.open_loop))),
     ("ttft p95", lambda v: _gate(v, "ttft_ratio")),
     ("e2e p95", lambda v: _gate(v, "e2e_p95_ratio")),
-    ("goodput", lambda v: _gate(v, "goodput_ratio") if v.request_rate is not None else None),
+    ("goodput", lambda v: _gate(v, "goodput_ratio") if v.open_loop else None),
     ("peak MB", lambda v: _gate(v, "peak_memory_mb")),
     ("parity", _parity),
 )
@@ -159,7 +160,7 @@ def _table(rows: Sequence[_Row], columns: Sequence[tuple[str, Callable[[_Row], A
 def format_rows(views: Sequence[ScenarioView]) -> list[str]:
     """Two fixed-width tables, each within 120 columns for the default names: the decisions
     (every gated figure with its interval and state) and the measured figures behind them."""
-    if not any(v.request_rate is not None for v in views):
+    if not any(v.open_loop for v in views):
         decisions = tuple(c for c in _DECISIONS if c[0] != "goodput")
         return [*_table(views, decisions), LEGEND, "", *_table(views, _FIGURES)]
     return [*_table(views, _DECISIONS), LEGEND, *OPEN_LOOP_LEGEND, "", *_table(views, _FIGURES)]
@@ -221,11 +222,13 @@ def write_recommendation(terminalreporter: Any, handoff: Path) -> None:
     """The run's last words: the recommendation block, as the handoff holds it."""
     terminalreporter.write_sep("-", "Recommendation")
     try:
-        recommendation = json.loads(handoff.read_text(encoding="utf-8")).get("recommendation")
+        document = json.loads(handoff.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         terminalreporter.write_line(f"specsel: the handoff could not be read back ({exc})", yellow=True)
         return
-    for line in recommendation_lines(recommendation, handoff.parent):
+    for line in recommendation_lines(document.get("recommendation"), handoff.parent):
+        terminalreporter.write_line(line)
+    for line in forecast_lines(document.get("k_forecast")):
         terminalreporter.write_line(line)
 
 

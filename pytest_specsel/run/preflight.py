@@ -74,6 +74,15 @@ def run_preflight(study: Study, bundle: BackendBundle, real: bool, dry_hint: str
     workloads = {
         name: load_workload(name, path, study.prompts_of(name)) for name, path in study.workloads.items()
     }
+    if study.recorded_arrivals:
+        for name, workload in workloads.items():
+            if workload.recorded_arrivals() is None:
+                raise WorkloadError(
+                    f"specsel: workload {name!r} ({workload.path}) records no arrival_s, but "
+                    'run.request_rate has "recorded": import the log with its timestamps '
+                    "(python -m pytest_specsel workload import openai-chat LOG --out FILE) or drop "
+                    '"recorded" from run.request_rate'
+                )
     if not study.warmup:
         warmup = Workload("warmup", "", "", ())
     else:

@@ -33,6 +33,7 @@ from pytest_specsel.core.records import Role
 from pytest_specsel.core.results import Scenario
 from pytest_specsel.core.study import Study
 from pytest_specsel.core.workloads import Workload
+from pytest_specsel.core.workloads import WorkloadError
 
 __all__ = ["measure_round", "parity_pass", "progress_line", "replay_spec"]
 
@@ -53,15 +54,23 @@ def replay_spec(
         study.backend.request_timeout_s,
         warmup.prompts if warmup is not None else (),
         warmup_max_tokens=study.warmup_max_tokens,
-        arrivals=_arrivals(study, len(workload.prompts) * study.repeats, scenario),
-        request_rate=scenario.request_rate,
+        arrivals=_arrivals(study, workload, scenario),
+        request_rate=workload.recorded_rate() if scenario.recorded else scenario.request_rate,
         ignore_eos=study.ignore_eos,
         goodput_targets_ms=study.goodput_targets,
     )
 
 
-def _arrivals(study: Study, count: int, scenario: Scenario) -> tuple[float, ...]:
-    """A rate scenario's send times, the same in every round and on both sides."""
+def _arrivals(study: Study, workload: Workload, scenario: Scenario) -> tuple[float, ...]:
+    """A rate scenario's send times, the same in every round and on both sides: drawn from
+    the seed, or the workload's recorded ones (each repeat after the last, one mean gap on)."""
+    count = len(workload.prompts) * study.repeats
+    if scenario.recorded:
+        recorded = workload.recorded_arrivals()
+        if recorded is None:  # preflight refuses such a study; never replay it closed-loop
+            raise WorkloadError(f"specsel: workload {workload.name!r} records no arrival_s")
+        period = recorded[-1] + 1.0 / workload.recorded_rate()
+        return tuple(at + rep * period for rep in range(study.repeats) for at in recorded)
     if scenario.request_rate is None:
         return ()
     seed = schedule_seed(study.arrival_seed, scenario.key)

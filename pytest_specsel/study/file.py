@@ -34,6 +34,7 @@ from pytest_specsel.study.reads import check_keys
 from pytest_specsel.study.reads import local_ref
 from pytest_specsel.study.reads import merge
 from pytest_specsel.study.reads import positive
+from pytest_specsel.study.reads import rate_levels
 from pytest_specsel.study.reads import relative_path
 from pytest_specsel.study.reads import typed
 
@@ -108,16 +109,11 @@ def _workloads(table: Any, base_dir: Path, loc: _Locator) -> dict[str, Any]:
 def _load_levels(r: Mapping[str, Any], loc: _Locator) -> dict[str, Any]:
     """The closed-loop levels (``run.concurrency``) and the open-loop ones (``run.request_rate``
     with its arrival process and cap); at least one level in all."""
-    conc, rates = r["concurrency"], r["request_rate"]
+    conc, given = r["concurrency"], r["request_rate"]
     if not isinstance(conc, list) or not all(isinstance(c, int) and not isinstance(c, bool) for c in conc):
         raise loc.error("run.concurrency", f"{conc!r} must be a list of positive integers")
-    if not isinstance(rates, list) or not all(
-        isinstance(x, int | float) and not isinstance(x, bool) and x > 0 for x in rates
-    ):
-        raise loc.error(
-            "run.request_rate", f"{rates!r} must be a list of positive numbers (requests per second)"
-        )
-    if not conc and not rates:
+    rates, recorded = rate_levels(given, loc)
+    if not conc and not given:
         raise loc.error("run.concurrency", "[] needs at least one level here or in run.request_rate")
     for c in conc:
         positive(c, "run.concurrency", loc)
@@ -133,6 +129,7 @@ def _load_levels(r: Mapping[str, Any], loc: _Locator) -> dict[str, Any]:
     out = {
         "concurrency": tuple(conc),
         "request_rate": tuple(float(x) for x in rates),
+        "recorded_arrivals": recorded,
         "burstiness": burstiness,
         "arrival_seed": typed(r["arrival_seed"], int, "run.arrival_seed", loc),
         "rate_max_concurrency": cap,

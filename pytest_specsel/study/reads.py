@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pytest_specsel.core.study import RECORDED
 from pytest_specsel.study.locator import Locator as _Locator
 
 __all__ = ["check_keys", "local_ref", "merge", "relative_path", "positive", "typed"]
@@ -67,3 +68,18 @@ def local_ref(ref: str, base_dir: Path) -> str:
 def relative_path(text: str, base_dir: Path) -> Path:
     path = Path(text).expanduser()
     return path if path.is_absolute() else base_dir / path
+
+
+def rate_levels(given: Any, loc: _Locator) -> tuple[list[float], bool]:
+    """``run.request_rate``: the rates (requests per second) and whether it asks for the
+    workloads' recorded arrivals (``"recorded"``: one more open-loop level per workload)."""
+    rates = [x for x in given if x != RECORDED] if isinstance(given, list) else given
+    if not isinstance(rates, list) or not all(
+        isinstance(x, int | float) and not isinstance(x, bool) and x > 0 for x in rates
+    ):
+        raise loc.error(
+            "run.request_rate",
+            f'{given!r} must be a list of positive numbers (requests per second) and "recorded" '
+            "(replay a workload's logged arrival_s)",
+        )
+    return [float(x) for x in rates], RECORDED in given
