@@ -268,7 +268,7 @@ def _factor(ax: Axes, rows: Sequence[DecompositionRow], pick: str, xlabel: str) 
             found = getattr(row, pick).get(measure)
             if found is None:
                 continue
-            at = y + 0.18 * (j - (len(measures) - 1) / 2)
+            at = y + 0.16 * (j - (len(measures) - 1) / 2)
             estimate, low, high = found
             ax.plot([low, high], [at, at], color=_color(j), linewidth=2)
             ax.plot([estimate], [at], "o", color=_color(j), markersize=5, label=label)
@@ -277,7 +277,7 @@ def _factor(ax: Axes, rows: Sequence[DecompositionRow], pick: str, xlabel: str) 
     ax.set_xlabel(xlabel)
     ax.margins(x=0.15)
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(loc="lower right", fontsize=6)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), fontsize=6, frameon=False)
 
 
 def decomposition_chart(rows: Sequence[DecompositionRow], prefix: str) -> Chart | None:
@@ -297,5 +297,5 @@ def decomposition_chart(rows: Sequence[DecompositionRow], prefix: str) -> Chart 
         left.set_ylim(-0.7, len(rows) - 0.3)
         left.invert_yaxis()
 
-    size = (7.0, 1.0 + 0.55 * len(rows))
+    size = (7.0, 1.6 + 0.55 * len(rows))
     return _draw("decomposition", "tokens per step x step cost, per candidate", prefix, size, draw)

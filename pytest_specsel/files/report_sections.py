@@ -279,7 +279,12 @@ def _factors(charts: ModuleType, name: str, d: dict[str, Any]) -> Any:
         found = d.get(key) or {}
         return (found["estimate"], found["low"], found["high"]) if found.get("estimate") else None
 
-    tokens = {"counters": iv("tokens_per_step_counters"), "stream": iv("tokens_per_step_stream")}
+    every = (d.get("tokens_per_step_by_k") or [None])[-1] or {}
+    tokens = {
+        "counters, per drafted step": iv("tokens_per_step_counters"),
+        "counters, every step": (every["estimate"], every["low"], every["high"]) if every else None,
+        "stream": iv("tokens_per_step_stream"),
+    }
     cost = {"chunk gaps": iv("step_cost_ratio"), "engine steps": iv("step_cost_ratio_engine")}
     return charts.DecompositionRow(name, tokens, cost, (d.get("residual") or {}).get("estimate"))
 
