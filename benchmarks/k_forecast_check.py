@@ -61,7 +61,7 @@ def _forecasts(handoff: dict[str, Any], table: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="a run folder (holds handoff.json)")
-    parser.add_argument("--table", default="g1_ngram", help="the strategy table swept over K (default g1_ngram)")
+    parser.add_argument("--table", default="g1_ngram", help="the table swept over K (default g1_ngram)")
     args = parser.parse_args(argv)
     path = args.run / "handoff.json"
     if not path.is_file():

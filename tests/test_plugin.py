@@ -478,6 +478,8 @@ class TestFiles:
         general = _handoff(p, "log")["recommendation"]["workloads"]["general"]
         assert list(general["rates"]) == ["recorded"] and general["rates"]["recorded"]["recorded"] is True
         assert general["rate_crossover"] == {}  # one replay is no sweep
+        # -k leaves the baseline's own scenario unselected: its level has no measured mean rate
+        assert any(line.startswith("general recorded (cap 1): ") for line in result.stdout.lines)
         p.makefile(".jsonl", general="\n".join(json.dumps({**x, "arrival_s": None}) for x in timed))
         refused = p.runpytest_subprocess("--specsel-cpu", "--specsel-label", "log2")
         assert refused.ret != 0

@@ -576,3 +576,15 @@ def test_the_rule_and_its_pages_import_no_heavy_dependency():
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1]
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_recorded_replay_is_named_with_its_mean_rate_in_the_terminal():
+    from pytest_specsel.files.report_recommendation import _level
+
+    assert (
+        _level({"concurrency": 4, "request_rate": 1.5737, "recorded": True})
+        == "recorded (mean 1.57/s, cap 4)"
+    )
+    assert _level({"concurrency": 4, "request_rate": None, "recorded": True}) == "recorded (cap 4)"
+    assert _level({"concurrency": 4, "request_rate": 0.5}) == "r0.5/s (cap 4)"
+    assert _level({"concurrency": 2, "request_rate": None}) == "c2"

@@ -181,7 +181,11 @@ def _recorded(kept: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [{k: v for k, v in line.items() if k != _AT} for line in kept]
     kept = sorted(kept, key=lambda line: line[_AT])
     first = kept[0][_AT]
-    return [{**{k: v for k, v in line.items() if k != _AT}, "arrival_s": line[_AT] - first} for line in kept]
+    # to the microsecond: an epoch float minus another carries noise in its last digits
+    return [
+        {**{k: v for k, v in line.items() if k != _AT}, "arrival_s": round(line[_AT] - first, 6)}
+        for line in kept
+    ]
 
 
 FORMATS: dict[str, Callable[[Path], Iterable[dict[str, Any]]]] = {

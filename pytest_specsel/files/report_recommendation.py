@@ -98,9 +98,12 @@ def _choices(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 
 def _level(choice: Mapping[str, Any]) -> str:
-    """``c4``, or ``r0.5/s (cap 4)`` for a request rate."""
-    rate = choice.get("request_rate")
-    return f"c{choice['concurrency']}" if rate is None else f"r{rate:g}/s (cap {choice['concurrency']})"
+    """``c4``, ``r0.5/s (cap 4)`` for a request rate, ``recorded (mean 1.57/s, cap 4)`` for a
+    replay of recorded arrivals."""
+    rate, cap = choice.get("request_rate"), choice["concurrency"]
+    if choice.get("recorded"):
+        return f"recorded (mean {rate:.2f}/s, cap {cap})" if rate is not None else f"recorded (cap {cap})"
+    return f"c{cap}" if rate is None else f"r{rate:g}/s (cap {cap})"
 
 
 def _crossovers(doc: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
