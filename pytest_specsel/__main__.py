@@ -7,6 +7,7 @@
         [--port P] [--exec]
     python -m pytest_specsel workload import FORMAT SOURCE --out FILE [--sample N]
         [--per-category N] [--seed S] [--max-prompt-tokens N --tokenizer DIR] [--categories A,B]
+        [--answer-first-turns URL [--answer-max-tokens N] [--answer-model NAME]]
 
 Exit status: 0 done (compare: no change that counts), 1 compare found a change that
 counts (a verdict, a gate between passed and failed, a speedup beyond noise, a
@@ -111,17 +112,32 @@ def _workload_parser(sub: Any) -> None:
     imp.add_argument(
         "--categories", default="", help="keep only these categories, comma-separated (default: all)"
     )
+    imp.add_argument(
+        "--answer-first-turns",
+        metavar="URL",
+        help="spec-bench: have the target served at URL write each two-turn question's first answer "
+        "at temperature 0, once, and freeze it (default: first turns only)",
+    )
+    imp.add_argument("--answer-max-tokens", type=int, default=256, help="tokens of each first answer (256)")
+    imp.add_argument("--answer-model", help="the served model's name at URL (default: its first)")
 
 
 def _import(args: argparse.Namespace) -> int:
+    from pytest_specsel.files.first_answers import FirstAnswers
     from pytest_specsel.files.imports import ImportOptions
     from pytest_specsel.files.imports import WorkloadImportError
     from pytest_specsel.files.imports import describe
     from pytest_specsel.files.imports import import_workload
 
     categories = tuple(c for c in args.categories.split(",") if c)
+    answers = None
+    if args.answer_first_turns:
+        if args.format != "spec-bench":
+            print("specsel: --answer-first-turns is for spec-bench's two-turn questions", file=sys.stderr)
+            return 2
+        answers = FirstAnswers(args.answer_first_turns, args.answer_max_tokens, args.answer_model)
     options = ImportOptions(
-        args.sample, args.per_category, args.seed, args.max_prompt_tokens, args.tokenizer, categories
+        args.sample, args.per_category, args.seed, args.max_prompt_tokens, args.tokenizer, categories, answers
     )
     try:
         provenance = import_workload(args.format, args.source, args.out, options)

@@ -404,3 +404,104 @@ def test_a_recorded_replay_sends_each_repeat_after_the_last_at_the_logs_times(tm
     plain = load_workload("w", write(tmp_path, {"request_id": "a", "prompt": "p"}, name="p.jsonl"))
     with pytest.raises(WorkloadError, match="records no arrival_s"):
         replay_spec(study, plain, Handle(), Scenario("w", 4, recorded=True))
+
+
+class TestFirstAnswers:
+    """Spec-Bench's second turns with a first answer written once by the target."""
+
+    def _server(self, seen, status=200, content="The answer is 42."):
+        import httpx
+
+        def handle(request):
+            if request.url.path == "/v1/models":
+                return httpx.Response(
+                    200, json={"data": [{"id": "target", "root": "/hub/target/snapshots/abc"}]}
+                )
+            if request.url.path == "/version":
+                return httpx.Response(200, json={"version": "0.32.0"})
+            seen.append(json.loads(request.content))
+            return httpx.Response(status, json={"choices": [{"message": {"content": content}}]})
+
+        return httpx.MockTransport(handle)
+
+    def _lines(self):
+        return [
+            {"request_id": "specbench-81", "messages": [{"role": "user", "content": "Write a poem."}],
+             "_second_turn": "Now shorter."},
+            {"request_id": "specbench-161", "messages": [{"role": "user", "content": "Translate this."}]},
+        ]  # fmt: skip
+
+    def test_a_two_turn_question_gets_the_targets_first_answer_frozen_before_its_second_turn(self):
+        from pytest_specsel.files.first_answers import FirstAnswers
+        from pytest_specsel.files.first_answers import answer_first_turns
+
+        seen = []
+        lines, provenance = answer_first_turns(
+            self._lines(), FirstAnswers("http://t", 64), self._server(seen)
+        )
+        two, one = lines
+        assert two["request_id"] == "specbench-81-t2" and [m["role"] for m in two["messages"]] == [
+            "user",
+            "assistant",
+            "user",
+        ]
+        assert (
+            two["messages"][1]["content"] == "The answer is 42."
+            and two["messages"][2]["content"] == "Now shorter."
+        )
+        assert one == self._lines()[1]  # a one-turn question is sent as it is, and not asked
+        (asked,) = seen
+        assert (asked["temperature"], asked["max_tokens"], asked["model"]) == (0.0, 64, "target")
+        assert asked["messages"] == [{"role": "user", "content": "Write a poem."}]
+        assert provenance["root"] == "/hub/target/snapshots/abc" and provenance["version"] == "0.32.0"
+        assert provenance["answered"] == 1 and provenance["temperature"] == 0.0
+
+    def test_an_unanswered_question_or_an_unknown_model_says_which(self):
+        from pytest_specsel.files.first_answers import FirstAnswers
+        from pytest_specsel.files.first_answers import answer_first_turns
+
+        with pytest.raises(ValueError, match="answered 500 for specbench-81"):
+            answer_first_turns(self._lines(), FirstAnswers("http://t"), self._server([], status=500))
+        with pytest.raises(ValueError, match="wrote an empty first answer for specbench-81"):
+            answer_first_turns(self._lines(), FirstAnswers("http://t"), self._server([], content=" "))
+        with pytest.raises(ValueError, match="model 'other' is not served at http://t .it serves: target."):
+            answer_first_turns(self._lines(), FirstAnswers("http://t", model="other"), self._server([]))
+
+    def test_the_import_writes_the_answered_requests_and_says_who_answered(self, tmp_path, monkeypatch):
+        import pytest_specsel.files.imports as imports
+        from pytest_specsel.files.first_answers import FirstAnswers
+        from pytest_specsel.files.first_answers import answer_first_turns
+
+        transport = self._server([])
+        monkeypatch.setattr(
+            imports, "answer_first_turns", lambda lines, ask: answer_first_turns(lines, ask, transport)
+        )
+        options = ImportOptions(categories=("writing", "translation"), first_answers=FirstAnswers("http://t"))
+        provenance = import_workload("spec-bench", SPEC_BENCH, tmp_path / "a.jsonl", options)
+        prompts = {p.request_id: p for p in load_workload("a", tmp_path / "a.jsonl").prompts}
+        assert sorted(prompts) == ["specbench-161", "specbench-162", "specbench-81-t2"]
+        assert [r for r, _ in prompts["specbench-81-t2"].messages] == ["user", "assistant", "user"]
+        assert (
+            provenance["first_answers"]["answered"] == 1
+            and provenance["options"]["first_answers"]["url"] == "http://t"
+        )
+        plain = import_workload(
+            "spec-bench", SPEC_BENCH, tmp_path / "b.jsonl", ImportOptions(categories=("writing",))
+        )
+        assert plain["first_answers"] is None
+        assert [p.request_id for p in load_workload("b", tmp_path / "b.jsonl").prompts] == ["specbench-81"]
+
+    def test_the_command_line_refuses_answers_for_a_format_without_second_turns(self, tmp_path, capsys):
+        out = tmp_path / "x.jsonl"
+        argv = [
+            "workload",
+            "import",
+            "vllm-custom",
+            str(SPEC_BENCH),
+            "--out",
+            str(out),
+            "--answer-first-turns",
+            "http://t",
+        ]
+        assert main(argv) == 2
+        assert "--answer-first-turns is for spec-bench" in capsys.readouterr().err

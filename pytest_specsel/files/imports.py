@@ -32,8 +32,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from pytest_specsel.core.workloads import WorkloadError
 from pytest_specsel.core.workloads import load_workload
+from pytest_specsel.files.first_answers import SECOND_TURN
+from pytest_specsel.files.first_answers import FirstAnswers
+from pytest_specsel.files.first_answers import answer_first_turns
 
 __all__ = ["FORMATS", "ImportOptions", "WorkloadImportError", "describe", "import_workload"]
 
@@ -66,6 +71,8 @@ class ImportOptions:
     tokenizer: str | None = None
     #: keep only these categories (empty: all)
     categories: tuple[str, ...] = ()
+    #: spec-bench: write each second turn's first answer with the target (None: first turns only)
+    first_answers: FirstAnswers | None = None
 
 
 def _chat_line(
@@ -132,8 +139,12 @@ def _spec_bench(source: Path) -> Iterable[dict[str, Any]]:
         turns, qid = item.get("turns"), item.get("question_id")
         if not isinstance(turns, list) or not turns or not isinstance(turns[0], str) or qid is None:
             raise _Bad(f"specsel: {source}:{number}: spec-bench lines carry 'question_id' and 'turns'")
-        # the first turn only: a second turn needs the first answer, which the set does not record
-        yield _chat_line(f"specbench-{qid}", [("user", turns[0])], item.get("category"), None)
+        # the first turn only: a second turn needs the first answer, which the set does not
+        # record; kept aside for --answer-first-turns (files/first_answers.py)
+        line = _chat_line(f"specbench-{qid}", [("user", turns[0])], item.get("category"), None)
+        if len(turns) > 1 and isinstance(turns[1], str) and turns[1].strip():
+            line[SECOND_TURN] = turns[1]
+        yield line
 
 
 def _openai_chat(source: Path) -> Iterable[dict[str, Any]]:
@@ -231,6 +242,29 @@ def _select(lines: list[dict[str, Any]], options: ImportOptions) -> list[dict[st
     return [lines[i] for i in sorted(kept)]
 
 
+def _answered(
+    kept: list[dict[str, Any]], options: ImportOptions, dropped: dict[str, int]
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The second turns answered by the target (or set aside), and the answers' provenance;
+    a two-turn request longer than ``max_prompt_tokens`` is dropped, and counted."""
+    if options.first_answers is None:
+        return [{k: v for k, v in line.items() if k != SECOND_TURN} for line in kept], None
+    try:
+        answered, provenance = answer_first_turns(kept, options.first_answers)
+    except (httpx.HTTPError, ValueError, KeyError) as exc:
+        raise _Bad(
+            f"specsel: workload import: first answers from {options.first_answers.url}: {exc}"
+        ) from None
+    if options.max_prompt_tokens is not None and options.tokenizer is not None:
+        count = _token_counter(options.tokenizer)
+        within = [line for line in answered if count(line) <= options.max_prompt_tokens]
+        dropped[f"longer than {options.max_prompt_tokens} prompt tokens with the first answer"] = len(
+            answered
+        ) - len(within)
+        answered = within
+    return answered, provenance
+
+
 def _counts(lines: Iterable[dict[str, Any]]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for line in lines:
@@ -265,7 +299,7 @@ def import_workload(fmt: str, source: Path, out: Path, options: ImportOptions) -
         dropped[f"longer than {options.max_prompt_tokens} prompt tokens"] = len(lines) - len(within)
         lines = within
     source_counts = _counts(lines)
-    kept = _recorded(_select(lines, options))
+    kept, answers = _answered(_recorded(_select(lines, options)), options, dropped)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in kept), encoding="utf-8")
     try:
@@ -285,6 +319,7 @@ def import_workload(fmt: str, source: Path, out: Path, options: ImportOptions) -
         "chat_requests": sum(1 for p in workload.prompts if p.messages),
         # "recorded": each line's arrival_s, seconds from the first written request
         "arrivals": "recorded" if workload.recorded_arrivals() is not None else None,
+        "first_answers": answers,
         "by_category_eligible": source_counts,
         "by_category": _counts(kept),
         "sha256": workload.sha256,
