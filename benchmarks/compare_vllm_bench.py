@@ -45,8 +45,10 @@ def _theirs(
     warmup: int,
     out: Path,
     index: int,
+    detailed: list[dict] | None = None,
 ) -> tuple[float, float]:
-    """One ``vllm bench serve`` round: (output tok/s, median TTFT ms)."""
+    """One ``vllm bench serve`` round: (output tok/s, median TTFT ms); with ``detailed``,
+    its per-request output lengths and TTFTs (ms) are appended there."""
     result = vllm_bench_serve(
         command,
         base_url,
@@ -58,7 +60,12 @@ def _theirs(
         warmup,
         out,
         f"vllm_bench_{index}",
+        detailed is not None,
     )
+    if detailed is not None:
+        detailed.append(
+            {"output_lens": result["output_lens"], "ttft_ms": [1000.0 * t for t in result["ttfts"]]}
+        )
     return float(result["output_throughput"]), float(result["median_ttft_ms"])
 
 
@@ -70,6 +77,9 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=4, help="round pairs (ours + theirs each)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/compare-vllm-bench"))
+    parser.add_argument(
+        "--detailed", action="store_true", help="also per request: output tokens and TTFT by dataset position"
+    )
     args = parser.parse_args()
     root = Path.cwd()
     study = load_study(args.config, root)
@@ -92,6 +102,8 @@ def main() -> int:
     server = VllmLauncher(capability.command).start(spec)
     ours: list[tuple[float, float]] = []
     theirs: list[tuple[float, float]] = []
+    ours_detail: list[dict] = []
+    theirs_detail: list[dict] | None = [] if args.detailed else None
     try:
         replay = ReplaySpec(
             server.base_url,
@@ -112,6 +124,12 @@ def main() -> int:
                         run = HttpBenchClient().run(replay)
                         f = scenario_figures(run.requests, run.duration_s)
                         ours.append((f.throughput_tokens_per_s or 0.0, f.get("ttft_p50_ms") or 0.0))
+                        ours_detail.append(
+                            {
+                                "output_lens": [r.output_tokens for r in run.requests],
+                                "ttft_ms": [r.ttft_ms for r in run.requests],
+                            }
+                        )
                     else:
                         theirs.append(
                             _theirs(
@@ -125,6 +143,7 @@ def main() -> int:
                                 study.warmup,
                                 Path(tmp),
                                 pair,
+                                theirs_detail,
                             )
                         )
                     figures = (ours if side == "ours" else theirs)[-1]
@@ -139,7 +158,21 @@ def main() -> int:
     for label, i in (("output tok/s", 0), ("median TTFT", 1)):
         interval = paired_log_ratio_interval([o[i] for o in ours], [t[i] for t in theirs], 0.95)
         print(f"  {label:14s} ratio {interval.describe() if interval else 'n/a (fewer than 2 pairs)'}")
+    if theirs_detail:
+        _by_position(ours_detail, theirs_detail)
     return 0
+
+
+def _by_position(ours: list[dict], theirs: list[dict]) -> None:
+    """Per dataset position: output tokens (equal on both sides?) and mean TTFT over rounds."""
+    same = all(o["output_lens"] == t["output_lens"] for o, t in zip(ours, theirs, strict=False))
+    print(f"  output tokens per request equal on both sides in every round: {same}")
+    for i in range(len(ours[0]["ttft_ms"])):
+        mine = sum(o["ttft_ms"][i] for o in ours) / len(ours)
+        peer = sum(t["ttft_ms"][i] for t in theirs) / len(theirs)
+        print(
+            f"  request {i}: TTFT ours {mine:.1f} ms, theirs {peer:.1f} ms, ours / theirs {mine / peer:.2f}"
+        )
 
 
 if __name__ == "__main__":

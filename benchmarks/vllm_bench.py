@@ -19,6 +19,7 @@ def vllm_bench_serve(
     warmup: int,
     out: Path,
     name: str,
+    detailed: bool = False,
 ) -> dict[str, Any]:
     """One ``vllm bench serve`` run of ``prompts`` at ``concurrency`` (chat endpoint, no
     chat template, in order, temperature 0): its saved result (``output_throughput``,
@@ -63,6 +64,8 @@ def vllm_bench_serve(
         str(out),
         "--result-filename",
         f"{name}.json",
+        # per request: output_lens, ttfts, itls (in dataset order: --disable-shuffle)
+        *(["--save-detailed"] if detailed else []),
     ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=1200)
     (out / f"{name}.stdout.txt").write_text(proc.stdout + proc.stderr)
