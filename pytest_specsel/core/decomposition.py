@@ -59,6 +59,10 @@ __all__ = [
 RESIDUAL_FLAG = 0.10
 #: the two measures of tokens per step disagree beyond this share
 DISAGREE = 0.10
+#: the intervals' method names
+_COUNTERS = "t_interval_on_log_round_counter_deltas"
+_STREAM = "t_interval_on_log_round_tokens_per_chunk"
+_RESIDUAL = "t_interval_on_paired_log_residuals"
 
 
 def _stream_tokens_per_step(r: Round) -> float | None:
@@ -129,11 +133,16 @@ def tokens_per_step_over_all(per_drafted_step: float, undrafted_share: float) ->
     return 1.0 / (undrafted_share + (1.0 - undrafted_share) / per_drafted_step)
 
 
+def _request_steps(r: Round) -> int:
+    """The round's decode steps as its requests saw them: the gaps between their chunks."""
+    return sum(len(q.itl_ms) for q in r.requests if q.ok)
+
+
 def _undrafted_share(r: Round) -> float | None:
     """The share of a round's decoded tokens (after each request's first) that came from
     steps without a draft: (request steps - drafts) / decoded tokens."""
     t = r.telemetry
-    steps = sum(len(q.itl_ms) for q in r.requests if q.ok)
+    steps = _request_steps(r)
     tokens = sum((q.output_tokens or 1) - 1 for q in r.requests if q.ok)
     if t is None or t.drafts is None or not tokens or not steps:
         return None
@@ -141,7 +150,7 @@ def _undrafted_share(r: Round) -> float | None:
 
 
 def _drafted_share(r: Round) -> float | None:
-    steps = sum(len(q.itl_ms) for q in r.requests if q.ok)
+    steps = _request_steps(r)
     return r.telemetry.drafts / steps if r.telemetry is not None and r.telemetry.drafts and steps else None
 
 
@@ -220,10 +229,6 @@ def _by_k(cand: Sequence[Round], level: float) -> tuple[Interval | None, ...]:
     )
 
 
-_COUNTERS = "t_interval_on_log_round_counter_deltas"
-_STREAM = "t_interval_on_log_round_tokens_per_chunk"
-
-
 def decompose(
     candidate: Sequence[Round], baseline: Sequence[Round], level: float = 0.95
 ) -> Decomposition | None:
@@ -270,9 +275,6 @@ def decompose(
         tokens_per_step_by_k=by_k,
         drafted_step_share=_geo([_drafted_share(r) for r in cand], level, "t_interval_on_log_round_shares"),
     )
-
-
-_RESIDUAL = "t_interval_on_paired_log_residuals"
 
 
 def _total(values: Iterable[float | None]) -> float | None:

@@ -111,33 +111,52 @@ def _fit(points: Sequence[_Measured]) -> _Fit | None:
     return _Fit((sy - b * sx) / sw, b, (sw, sx, sxx), det)
 
 
-def _predict(points: Sequence[_Measured], k: int, level: float) -> Interval | None:
-    """The speedup at ``k`` forecast from ``points`` (None where they cannot give it)."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Model:
+    """A forecast from one set of measured K: built once, read at every K'."""
+
+    fit: _Fit
+    #: the largest measured K: its counters give tokens per step at every K' up to it
+    source: _Measured
+    #: the pooled residual (log) and its variance
+    residual_log: float
+    residual_var: float
+    #: the baselines' tokens per step (geometric mean)
+    base: float
+    #: the fewest pairs behind any part (the t-quantile's degrees of freedom)
+    pairs: int
+
+    def predict(self, k: int, level: float) -> Interval | None:
+        """The speedup at ``k`` (None beyond the counters or where the cost line is not positive)."""
+        tokens = self.source.tokens_by_k[k - 1] if k <= len(self.source.tokens_by_k) else None
+        cost, cost_var = self.fit.at(k)
+        if tokens is None or cost <= 0:
+            return None
+        log_s = math.log(tokens.estimate / self.base / cost) + self.residual_log
+        se = math.sqrt(_se(tokens) ** 2 + max(cost_var, 0.0) / cost**2 + self.residual_var)
+        pairs = min(tokens.pairs, self.pairs)
+        half = t_quantile(0.5 + level / 2.0, max(1, pairs - 1)) * se
+        return Interval(
+            math.exp(log_s),
+            math.exp(log_s - half),
+            math.exp(log_s + half),
+            level,
+            pairs,
+            se * math.sqrt(pairs),
+            METHOD,
+        )
+
+
+def _model(points: Sequence[_Measured]) -> _Model | None:
+    """The forecast from ``points``; None below two distinct measured K."""
     fit = _fit(points)
-    source = max(points, key=lambda p: p.k, default=None)
-    if fit is None or source is None or k > len(source.tokens_by_k) or source.tokens_by_k[k - 1] is None:
-        return None
-    tokens = source.tokens_by_k[k - 1]
-    assert tokens is not None
-    cost, cost_var = fit.at(k)
-    if cost <= 0:
+    if fit is None:
         return None
     weights = [1.0 / max(p.residual_se**2, _FLOOR) for p in points]
     residual = sum(w * p.residual_log for w, p in zip(weights, points, strict=True)) / sum(weights)
     base = math.exp(sum(math.log(p.baseline_tokens_per_step) for p in points) / len(points))
-    log_s = math.log(tokens.estimate / base / cost) + residual
-    se = math.sqrt(_se(tokens) ** 2 + max(cost_var, 0.0) / cost**2 + 1.0 / sum(weights))
-    pairs = min([tokens.pairs, *(p.cost.pairs for p in points)])
-    half = t_quantile(0.5 + level / 2.0, max(1, pairs - 1)) * se
-    return Interval(
-        math.exp(log_s),
-        math.exp(log_s - half),
-        math.exp(log_s + half),
-        level,
-        pairs,
-        se * math.sqrt(pairs),
-        METHOD,
-    )
+    source = max(points, key=lambda p: p.k)
+    return _Model(fit, source, residual, 1.0 / sum(weights), base, min(p.cost.pairs for p in points))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -176,30 +195,26 @@ class KForecast:
 def forecast(by_k: Mapping[int, Decomposition | None], level: float = 0.95) -> KForecast | None:
     """The forecast from each measured K's decomposition; None below two usable K."""
     found = [m for k, d in sorted(by_k.items()) if (m := _measured(k, d)) is not None]
-    fit = _fit(found)
-    if fit is None:
+    model = _model(found)
+    if model is None:
         return None
-    largest = max(p.k for p in found)
+    largest = model.source.k
     points = []
     for k in range(1, largest + 1):
         ran = next((p for p in found if p.k == k), None)
-        others = [p for p in found if p.k != k]
-        held = _predict(others, k, level) if ran is not None else None
-        points.append(
-            KPoint(
-                k,
-                _predict(found, k, level),
-                ran.speedup if ran is not None else None,
-                held,
-                held.estimate / ran.speedup.estimate - 1.0 if held is not None and ran is not None else None,
-            )
-        )
+        if ran is None:
+            points.append(KPoint(k, model.predict(k, level)))
+            continue
+        others = _model([p for p in found if p.k != k])
+        held = others.predict(k, level) if others is not None else None
+        error = held.estimate / ran.speedup.estimate - 1.0 if held is not None else None
+        points.append(KPoint(k, model.predict(k, level), ran.speedup, held, error))
     scored = [(p.predicted.estimate, p) for p in points if p.predicted is not None]
     best = max(scored, key=lambda s: s[0], default=(0.0, None))[1]
     return KForecast(
         tuple(p.k for p in found),
         largest,
-        {"intercept": fit.a, "per_proposed_token": fit.b},
+        {"intercept": model.fit.a, "per_proposed_token": model.fit.b},
         tuple(points),
         best.k if best is not None else None,
         best is not None and best.measured is not None,

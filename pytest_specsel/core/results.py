@@ -68,8 +68,9 @@ class Scenario:
     recorded: bool = False
 
     @property
-    def open_loop(self) -> bool:
-        return self.request_rate is not None or self.recorded
+    def arrivals(self) -> str | None:
+        """Open loop: "schedule" (seeded gamma arrivals) or "recorded" (the log's); None: closed loop."""
+        return "recorded" if self.recorded else "schedule" if self.request_rate is not None else None
 
     @property
     def key(self) -> str:
@@ -255,7 +256,7 @@ def view_of(result: ScenarioResult, root: Path) -> ScenarioView:
         workload=result.scenario.workload,
         concurrency=result.scenario.concurrency,
         request_rate=_rate_of(result),
-        arrivals=_arrivals_of(result.scenario),
+        arrivals=result.scenario.arrivals,
         role=result.role,
         track=result.track,
         run_status=result.run_status,
@@ -278,10 +279,6 @@ def view_of(result: ScenarioResult, root: Path) -> ScenarioView:
         by_category=dict(result.by_category),
         speedup_decomposition=result.speedup_decomposition,
     )
-
-
-def _arrivals_of(scenario: Scenario) -> str | None:
-    return "recorded" if scenario.recorded else "schedule" if scenario.request_rate is not None else None
 
 
 def _rate_of(result: ScenarioResult) -> float | None:
@@ -307,7 +304,7 @@ def not_run_view(state: CandidateState, scenario: Scenario, role: Role) -> Scena
         workload=scenario.workload,
         concurrency=scenario.concurrency,
         request_rate=scenario.request_rate,
-        arrivals=_arrivals_of(scenario),
+        arrivals=scenario.arrivals,
         role=role,
         track=state.track,
         run_status=state.run_status,

@@ -84,7 +84,7 @@ def raw_arguments(study: Study, workload: Workload, scenario: Scenario) -> dict[
         "burstiness": study.burstiness if scenario.request_rate is not None else None,
         "arrival_seed": study.arrival_seed if scenario.request_rate is not None else None,
         # "recorded": the workload's own arrival_s were replayed (request_rate is then None)
-        "arrivals": "recorded" if scenario.recorded else "schedule" if scenario.request_rate else None,
+        "arrivals": scenario.arrivals,
         "ignore_eos": study.ignore_eos,
         "warmup": study.warmup,
         "warmup_workload": str(study.warmup_workload),

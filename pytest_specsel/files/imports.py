@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import hashlib
 import json
 import random
@@ -189,14 +190,11 @@ def _recorded(kept: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Lines with timestamps in time order, each with ``arrival_s`` from the first kept one
     (a sample keeps each request's recorded time: a thinner log, not a compressed one)."""
     if not kept or not all(_AT in line for line in kept):
-        return [{k: v for k, v in line.items() if k != _AT} for line in kept]
+        return [_without(line, _AT) for line in kept]
     kept = sorted(kept, key=lambda line: line[_AT])
     first = kept[0][_AT]
     # to the microsecond: an epoch float minus another carries noise in its last digits
-    return [
-        {**{k: v for k, v in line.items() if k != _AT}, "arrival_s": round(line[_AT] - first, 6)}
-        for line in kept
-    ]
+    return [{**_without(line, _AT), "arrival_s": round(line[_AT] - first, 6)} for line in kept]
 
 
 FORMATS: dict[str, Callable[[Path], Iterable[dict[str, Any]]]] = {
@@ -207,6 +205,7 @@ FORMATS: dict[str, Callable[[Path], Iterable[dict[str, Any]]]] = {
 }
 
 
+@functools.cache
 def _token_counter(folder: str) -> Callable[[dict[str, Any]], int]:
     """Prompt tokens as the server sees them: the target's chat template applied."""
     from transformers import AutoTokenizer
@@ -221,6 +220,24 @@ def _token_counter(folder: str) -> Callable[[dict[str, Any]], int]:
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     return count
+
+
+def _within_tokens(
+    lines: list[dict[str, Any]], options: ImportOptions, dropped: dict[str, int], after: str = ""
+) -> list[dict[str, Any]]:
+    """The lines within ``max_prompt_tokens`` of the target's tokens; how many were dropped
+    goes into ``dropped`` (``after`` names the stage, e.g. " with the first answer")."""
+    if options.max_prompt_tokens is None or options.tokenizer is None:
+        return lines
+    count = _token_counter(options.tokenizer)
+    within = [line for line in lines if count(line) <= options.max_prompt_tokens]
+    dropped[f"longer than {options.max_prompt_tokens} prompt tokens{after}"] = len(lines) - len(within)
+    return within
+
+
+def _without(line: dict[str, Any], key: str) -> dict[str, Any]:
+    """The line without a key the import held on it while it worked."""
+    return {k: v for k, v in line.items() if k != key}
 
 
 def _select(lines: list[dict[str, Any]], options: ImportOptions) -> list[dict[str, Any]]:
@@ -248,21 +265,14 @@ def _answered(
     """The second turns answered by the target (or set aside), and the answers' provenance;
     a two-turn request longer than ``max_prompt_tokens`` is dropped, and counted."""
     if options.first_answers is None:
-        return [{k: v for k, v in line.items() if k != SECOND_TURN} for line in kept], None
+        return [_without(line, SECOND_TURN) for line in kept], None
     try:
         answered, provenance = answer_first_turns(kept, options.first_answers)
     except (httpx.HTTPError, ValueError, KeyError) as exc:
         raise _Bad(
             f"specsel: workload import: first answers from {options.first_answers.url}: {exc}"
         ) from None
-    if options.max_prompt_tokens is not None and options.tokenizer is not None:
-        count = _token_counter(options.tokenizer)
-        within = [line for line in answered if count(line) <= options.max_prompt_tokens]
-        dropped[f"longer than {options.max_prompt_tokens} prompt tokens with the first answer"] = len(
-            answered
-        ) - len(within)
-        answered = within
-    return answered, provenance
+    return _within_tokens(answered, options, dropped, " with the first answer"), provenance
 
 
 def _counts(lines: Iterable[dict[str, Any]]) -> dict[str, int]:
@@ -293,11 +303,7 @@ def import_workload(fmt: str, source: Path, out: Path, options: ImportOptions) -
         wanted = [line for line in lines if line.get("category", UNCATEGORISED) in options.categories]
         dropped[f"not in categories {', '.join(options.categories)}"] = len(lines) - len(wanted)
         lines = wanted
-    if options.max_prompt_tokens is not None and options.tokenizer is not None:
-        count = _token_counter(options.tokenizer)
-        within = [line for line in lines if count(line) <= options.max_prompt_tokens]
-        dropped[f"longer than {options.max_prompt_tokens} prompt tokens"] = len(lines) - len(within)
-        lines = within
+    lines = _within_tokens(lines, options, dropped)
     source_counts = _counts(lines)
     kept, answers = _answered(_recorded(_select(lines, options)), options, dropped)
     out.parent.mkdir(parents=True, exist_ok=True)

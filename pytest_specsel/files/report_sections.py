@@ -275,17 +275,15 @@ def _scenario_charts(run: RunFolder, scenario: str, charts: ModuleType, first: i
 
 
 def _factors(charts: ModuleType, name: str, d: dict[str, Any]) -> Any:
-    def iv(key: str) -> tuple[float, float, float] | None:
-        found = d.get(key) or {}
-        return (found["estimate"], found["low"], found["high"]) if found.get("estimate") else None
+    def iv(found: dict[str, Any] | None) -> tuple[float, float, float] | None:
+        return (found["estimate"], found["low"], found["high"]) if found and found.get("estimate") else None
 
-    every = (d.get("tokens_per_step_by_k") or [None])[-1] or {}
     tokens = {
-        "counters, per drafted step": iv("tokens_per_step_counters"),
-        "counters, every step": (every["estimate"], every["low"], every["high"]) if every else None,
-        "stream": iv("tokens_per_step_stream"),
+        "counters, per drafted step": iv(d.get("tokens_per_step_counters")),
+        "counters, every step": iv((d.get("tokens_per_step_by_k") or [None])[-1]),
+        "stream": iv(d.get("tokens_per_step_stream")),
     }
-    cost = {"chunk gaps": iv("step_cost_ratio"), "engine steps": iv("step_cost_ratio_engine")}
+    cost = {"chunk gaps": iv(d.get("step_cost_ratio")), "engine steps": iv(d.get("step_cost_ratio_engine"))}
     return charts.DecompositionRow(name, tokens, cost, (d.get("residual") or {}).get("estimate"))
 
 
