@@ -43,7 +43,7 @@ def gate_checks(evidence: PairEvidence, thresholds: Thresholds) -> tuple[GateChe
     interval). An open-loop pair's speed gate is its TPOT speedup (``core/openloop.py``)."""
     speed, speedup, speed_interval = speed_of(evidence)
     assert speedup is not None and evidence.ttft_ratio is not None
-    assert evidence.e2e_p95_ratio is not None and evidence.candidate_peak_memory_mb is not None
+    assert evidence.e2e_p95_ratio is not None
     # an open-loop pair with a goodput target is also held to the baseline's goodput
     goodput = ()
     if evidence.open_loop and evidence.goodput_ratio is not None:
@@ -72,15 +72,18 @@ def gate_checks(evidence: PairEvidence, thresholds: Thresholds) -> tuple[GateChe
             GateOp.AT_MOST,
             evidence.e2e_p95_ratio_interval,
         ),
-        _check(
-            "peak_memory_mb",
-            evidence.candidate_peak_memory_mb,
-            thresholds.max_peak_memory_mb,
-            GateOp.AT_MOST,
-            None,
-        ),
+        *_memory(evidence, thresholds),
         *goodput,
     )
+
+
+def _memory(evidence: PairEvidence, thresholds: Thresholds) -> tuple[GateCheck, ...]:
+    """The peak-memory gate (a peak: no interval); none where the study switched it off."""
+    if not thresholds.memory_gate:
+        return ()
+    peak = evidence.candidate_peak_memory_mb
+    assert peak is not None, "specsel: comparable evidence with the memory gate on has a peak"
+    return (_check("peak_memory_mb", peak, thresholds.max_peak_memory_mb, GateOp.AT_MOST, None),)
 
 
 def decide(evidence: PairEvidence, thresholds: Thresholds) -> Decision:
@@ -107,7 +110,12 @@ def thresholds_from_mapping(data: Mapping[str, Any]) -> Thresholds:
     """Read the seed's threshold keys; a missing key keeps the contract default."""
     default = Thresholds()
     return Thresholds(
-        **{f.name: float(data.get(f.name, getattr(default, f.name))) for f in dataclasses.fields(Thresholds)}
+        **{
+            f.name: bool(data.get(f.name, True))
+            if f.name == "memory_gate"
+            else float(data.get(f.name, getattr(default, f.name)))
+            for f in dataclasses.fields(Thresholds)
+        }
     )
 
 

@@ -33,6 +33,7 @@ def build_pair_evidence(
     *,
     require_speculative: bool = True,
     required_telemetry: Sequence[str] = (),
+    require_memory: bool = True,
 ) -> PairEvidence:
     """Pair a baseline with a candidate for one scenario.
 
@@ -40,6 +41,8 @@ def build_pair_evidence(
         target-only server), which has no speculative path to show.
     :param required_telemetry: the family's telemetry (``FamilyContract.telemetry``); each
         one the backend did not report is missing evidence (``telemetry_verified_tokens``).
+    :param require_memory: False where the study switched the memory gate off
+        (``gates.memory_gate``): a peak the backend cannot read is then not missing.
     :return: the evidence; ratios are candidate / baseline and only set when comparable.
     """
     if not (baseline.run_status is RunStatus.COMPLETED and candidate.run_status is RunStatus.COMPLETED):
@@ -50,6 +53,8 @@ def build_pair_evidence(
         )
     mismatches = tuple(f for f in FIXED_FIELDS if getattr(baseline, f) != getattr(candidate, f))
     missing = _missing(baseline, candidate, require_speculative, required_telemetry)
+    if not require_memory:
+        missing = [m for m in missing if m != "peak_memory_mb"]
     if mismatches:
         return PairEvidence(
             EvidenceStatus.INCOMPARABLE,

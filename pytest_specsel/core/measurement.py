@@ -17,6 +17,7 @@ from pytest_specsel.core.disturbance import HostLoad
 from pytest_specsel.core.records import Role
 from pytest_specsel.core.records import TelemetrySource
 from pytest_specsel.core.records import to_json
+from pytest_specsel.core.traffic import ServerTraffic
 
 __all__ = [
     "ClientLoad",
@@ -71,6 +72,8 @@ class RequestRecord:
     #: open loop: seconds from the round's start at which the schedule said to send it
     #: (``start_offset_s`` is when it was sent: later while the concurrency cap was full)
     scheduled_offset_s: float | None = None
+    #: times it was sent again after a 429 / 503 answer (a deployed endpoint's client retries)
+    retries: int = 0
 
     @property
     def ok(self) -> bool:
@@ -125,6 +128,12 @@ class ServerCounters:
     queued_count: float | None = None
     #: engine steps that produced output: the count of ``vllm:iteration_tokens_total``
     engine_steps: float | None = None
+    #: requests finished, prompt and generation tokens counted (``vllm:request_success`` ...)
+    requests_finished: float | None = None
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
+    #: the counters were at rest when read (two reads agreed; a server read once is taken as is)
+    settled: bool = True
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -283,6 +292,8 @@ class Round:
     goodput_targets_ms: tuple[float | None, float | None] = (None, None)
     #: engine steps over the window (the server's own count; None where unread)
     engine_steps: float | None = None
+    #: the server's request and token counts over the window beside what was sent
+    traffic: ServerTraffic | None = None
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -299,12 +310,15 @@ class Round:
             found.append("client_saturated")
         if self.host is not None:
             found.extend(self.host.flags())
+        if self.traffic is not None:
+            found.extend(self.traffic.flags())
         return tuple(found)
 
     def to_json(self) -> dict[str, Any]:
         data = to_json(self)
         data["requests"] = [request_to_json(r) for r in self.requests]
         data["flags"] = list(self.flags)
+        data["traffic"] = self.traffic.as_json() if self.traffic is not None else None
         return data
 
 

@@ -17,6 +17,8 @@ from pytest_specsel.core.categories import by_category
 from pytest_specsel.core.decision import decide
 from pytest_specsel.core.decomposition import Decomposition
 from pytest_specsel.core.decomposition import decompose
+from pytest_specsel.core.endpoints import Identity
+from pytest_specsel.core.endpoints import endpoint_decision
 from pytest_specsel.core.evidence import build_pair_evidence
 from pytest_specsel.core.intervals import PairedIntervals
 from pytest_specsel.core.measurement import RequestRecord
@@ -210,6 +212,7 @@ def pair(
     kv_tokens: tuple[int | None, int | None] = (None, None),
     categories: Mapping[str, str] | None = None,
     proposal_length: int | None = None,
+    identity: Identity | None = None,
 ) -> ScenarioResult:
     """The candidate's result with parity, intervals, evidence and decision against the
     baseline rounds it was paired with (``baseline.rounds``, pair i beside candidate round i);
@@ -218,16 +221,10 @@ def pair(
     base_rounds = baseline.rounds if baseline else ()
     parity, summary = None, candidate.summary
     if require_parity and candidate.run_status is RunStatus.COMPLETED:
-        parity = rounds_parity(base_rounds, candidate.rounds)
-        if parity is not None:
-            parity = with_ties(parity, ties) if ties is not None else parity
-            # A near-tie is numerics, not the mechanism: it does not fail quality unless strict.
-            ok = parity.quality_ok or (parity.near_tie is True and not strict_parity)
-            summary = dataclasses.replace(summary, quality_ok=ok)
+        parity, summary = _parity(base_rounds, candidate, ties, strict_parity)
     base_summary = baseline.summary if baseline else RunSummary(None, Role.BASELINE)
-    evidence = build_pair_evidence(
-        base_summary, summary, require_speculative=not calibration, required_telemetry=required_telemetry
-    )
+    needs = {"require_speculative": not calibration, "require_memory": gates.memory_gate}
+    evidence = build_pair_evidence(base_summary, summary, required_telemetry=required_telemetry, **needs)
     flags = _flags(base_rounds, candidate.rounds, kv_tokens)
     evidence = _with_intervals(evidence, base_rounds, candidate.rounds, level, latency)
     replaced = tuple(f"pair {p.pair + 1} measured again ({'; '.join(p.reasons)})" for p in candidate.replaced)
@@ -237,6 +234,7 @@ def pair(
     if calibration and decision.verdict is Verdict.ACCEPT:
         # An A/A run measures the method, not a mechanism: it is never adopted.
         decision = Decision(Verdict.TUNE, "calibration_never_accepted", decision.gates)
+    decision = endpoint_decision(decision, identity, flags)  # a deployed endpoint's rule
     return dataclasses.replace(
         candidate,
         summary=summary,
@@ -254,6 +252,19 @@ def pair(
         },
         speedup_decomposition=_decomposed(evidence, candidate.rounds, base_rounds, level),
     )
+
+
+def _parity(
+    base_rounds: Sequence[Round], candidate: ScenarioResult, ties: TieCheck | None, strict: bool
+) -> tuple[ParityResult | None, RunSummary]:
+    """The candidate's parity against the baseline rounds, and its summary with quality set."""
+    parity = rounds_parity(base_rounds, candidate.rounds)
+    if parity is None:
+        return None, candidate.summary
+    parity = with_ties(parity, ties) if ties is not None else parity
+    # A near-tie is numerics, not the mechanism: it does not fail quality unless strict.
+    ok = parity.quality_ok or (parity.near_tie is True and not strict)
+    return parity, dataclasses.replace(candidate.summary, quality_ok=ok)
 
 
 def _self_diverges(parity: ParityResult | None, base_check: ParityResult | None) -> bool | None:

@@ -52,6 +52,8 @@ class Residence(enum.StrEnum):
     SLEEP_INTERLEAVED = "sleep_interleaved"
     #: one server at a time: the baseline's rounds, then the candidate's
     ALONE = "alone"
+    #: deployed endpoints something else runs, both up (``core/endpoints.py``)
+    ENDPOINTS = "endpoints"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -188,10 +190,12 @@ def memory_released(footprint: DeviceFootprint, used_now_mb: float) -> bool:
     return used_now_mb <= expected + release_tolerance_mb(footprint.held_mb)
 
 
-def residence_of(pairing: Pairing | None, sleeping: bool) -> Residence | None:
+def residence_of(pairing: Pairing | None, sleeping: bool, remote: bool = False) -> Residence | None:
     """Where a pair's servers were while it ran, from how its rounds were ordered."""
     if pairing is None:
         return None
+    if remote:
+        return Residence.ENDPOINTS
     if pairing is Pairing.SEQUENTIAL:
         return Residence.ALONE
     return Residence.SLEEP_INTERLEAVED if sleeping else Residence.CO_RESIDENT

@@ -15,6 +15,7 @@ from typing import Any
 from typing import Protocol
 
 from pytest_specsel.core.disturbance import HostLoad
+from pytest_specsel.core.endpoints import Identity
 from pytest_specsel.core.measurement import ClientLoad
 from pytest_specsel.core.measurement import MemoryReading
 from pytest_specsel.core.measurement import RequestRecord
@@ -119,6 +120,10 @@ class AssetFacts:
     #: its server's memory apart from the KV cache, and a KV token's bytes (None: unknown);
     #: co-resident servers split a device by it (``core/placement.py``)
     memory_needs: MemoryNeeds | None = None
+    #: a deployed endpoint's: what the study declared and the server told (JSON), and its
+    #: identity fields, each verified or declared (``core/endpoints.py``)
+    endpoint: Mapping[str, Any] | None = None
+    identity: Identity | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -342,3 +347,6 @@ class BackendBundle:
     #: reads the devices a run may use, which ``core/slots.py`` cuts into slots (None: no
     #: slots; the backend places its servers)
     inventory: Callable[[], Inventory] | None = None
+    #: its servers are deployed endpoints something else runs (``core/endpoints.py``): they are
+    #: shared, so traffic beyond this client's is judged foreign
+    remote: bool = False

@@ -116,6 +116,8 @@ class GateState(enum.StrEnum):
 
 class Device(enum.StrEnum):
     CPU, CUDA = "cpu", "cuda"
+    #: deployed endpoints something else runs (``--specsel-remote``): no local device
+    REMOTE = "remote"
 
 
 class TelemetrySource(enum.StrEnum):
@@ -332,6 +334,9 @@ class Thresholds:
     max_peak_memory_mb: float = 10500.0
     #: open loop with a goodput target: the least candidate / baseline goodput
     min_goodput_ratio: float = 0.95
+    #: false switches the peak-memory gate off (a deployed endpoint whose memory cannot be
+    #: read): the handoff says so; with it on, a missing figure is missing evidence
+    memory_gate: bool = True
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

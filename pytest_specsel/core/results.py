@@ -39,6 +39,7 @@ from pytest_specsel.core.records import Verdict
 from pytest_specsel.core.records import to_json
 from pytest_specsel.core.study import Candidate
 from pytest_specsel.core.study import Study
+from pytest_specsel.core.traffic import FOREIGN_TRAFFIC
 
 __all__ = [
     "CandidateState",
@@ -234,7 +235,10 @@ class ScenarioView:
         return self.request_rate is not None or self.arrivals is not None
 
     def to_json(self) -> dict[str, Any]:
-        return to_json(self)
+        data = to_json(self)
+        # a window another client shared: the counters' figures are not the candidate's alone
+        data["counters_contaminated"] = FOREIGN_TRAFFIC in self.flags
+        return data
 
 
 def relative(path: Path | None, root: Path) -> str | None:

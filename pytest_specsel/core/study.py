@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pytest_specsel.core.endpoints import Endpoint
 from pytest_specsel.core.families import BASELINE_FAMILY
 from pytest_specsel.core.intervals import RoundPolicy
 from pytest_specsel.core.records import Thresholds
@@ -122,6 +123,10 @@ DEFAULTS: dict[str, Any] = {
         # Parity at a near-tie (parity.NEAR_TIE_EPSILON): reported, and a reject only if strict.
         "parity_epsilon": "auto",
         "strict_parity": False,
+        # deployed endpoints (README "Deployed endpoints"): decide on a target identity the
+        # servers only declare (recorded in the handoff), and the A/A equivalence margin
+        "trust_declared_identity": False,
+        "aa_equivalence_margin": 0.05,
     },
     "strategies": {
         "g0_target_only": {"enabled": True, "family": BASELINE_FAMILY},
@@ -170,6 +175,8 @@ class Candidate:
     calibration: bool = False
     #: one of several proposal lengths of its table: the length is part of the name
     k_in_name: bool = False
+    #: a deployed server something else runs (``--specsel-remote``); None: the run starts it
+    endpoint: Endpoint | None = None
 
     @property
     def is_baseline(self) -> bool:
@@ -273,6 +280,9 @@ class Study:
     #: goodput targets in ms (0: none); goodput is measured only when one is set
     goodput_ttft_ms: float = 0.0
     goodput_tpot_ms: float = 0.0
+    #: deployed endpoints: decide on declared identity; the A/A equivalence margin (± share)
+    trust_declared_identity: bool = False
+    aa_equivalence_margin: float = 0.05
 
     @property
     def rate_cap(self) -> int:

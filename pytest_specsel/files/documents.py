@@ -152,7 +152,8 @@ def group_document(
 def _where(state: CandidateState) -> dict[str, Any]:
     """Where its pair's servers were, their KV capacity, and the slot and devices each held
     (group summary and manifest)."""
-    residence = residence_of(state.pairing, state.sleeping)
+    remote = state.assets is not None and state.assets.endpoint is not None
+    residence = residence_of(state.pairing, state.sleeping, remote)
     servers = [(Role.CANDIDATE, state.held)]
     if state.candidate.is_baseline:
         servers = [(Role.BASELINE, state.held)]

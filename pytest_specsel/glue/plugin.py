@@ -49,9 +49,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_specsel_make_backend(config: pytest.Config, device: str) -> Any:
+    session = config.stash[SESSION_KEY]
+    if device == "remote":  # --specsel-remote: deployed endpoints, no local vLLM at all
+        from pytest_specsel.backends.vllm.remote import make_endpoint_backend
+
+        return make_endpoint_backend(session.study)
     from pytest_specsel.backends.vllm.backend import make_vllm_backend
 
-    session = config.stash[SESSION_KEY]
     return make_vllm_backend(device, config.rootpath, session.settings.vllm)
 
 

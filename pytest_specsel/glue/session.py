@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from pytest_specsel.core.endpoints import EndpointError
 from pytest_specsel.core.protocol import LaunchError
 from pytest_specsel.core.records import RunStatus
 from pytest_specsel.core.results import Scenario
@@ -157,9 +158,12 @@ class SpecselSession:
             paths = artifacts.claim_label(self.settings.results or study.results_dir, label, where)
         except artifacts.LabelError as exc:
             raise pytest.UsageError(str(exc)) from None
-        bundle = self.config.hook.pytest_specsel_make_backend(
-            config=self.config, device=self.settings.mode.device
-        )
+        try:
+            bundle = self.config.hook.pytest_specsel_make_backend(
+                config=self.config, device=self.settings.mode.device
+            )
+        except EndpointError as exc:
+            raise pytest.UsageError(str(exc)) from None
         plan = self.settings.plan
         try:
             inventory = load_inventory(self.settings.inventory) if self.settings.inventory else None
@@ -178,7 +182,7 @@ class SpecselSession:
         say(f"[specsel] run label {label!r}: results in {paths.root}")
         try:
             self.selection.preflight()
-        except WorkloadError as exc:
+        except (WorkloadError, EndpointError) as exc:
             raise pytest.UsageError(str(exc)) from None
         if plan:
             for line in plan_lines(self.selection):

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pytest_specsel.core.endpoints import Identity
 from pytest_specsel.core.placement import ServerMemory
 from pytest_specsel.core.protocol import BackendBundle
 from pytest_specsel.core.protocol import LaunchError
@@ -90,6 +91,8 @@ class CandidateWork:
     placement: str = "local"
     #: its server's share of the device (None: the study's whole share)
     memory: ServerMemory | None = None
+    #: a deployed endpoint's identity fields (``core/endpoints.py``; None: a server it starts)
+    identity: Identity | None = None
 
     @property
     def name(self) -> str:
@@ -164,7 +167,7 @@ class CandidateRun:
 
     def _side(self) -> Side:
         w = self.work
-        return Side(w.name, w.track, w.candidate, w.target_snapshot, self._kv(w.name))
+        return Side(w.name, w.track, w.candidate, w.target_snapshot, self._kv(w.name), w.identity)
 
     def _base(self) -> BaselinePlan:
         assert self.work.baseline is not None, f"specsel: {self.name} pairs with no baseline"

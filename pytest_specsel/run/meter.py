@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from pathlib import Path
 
+from pytest_specsel.core.endpoints import Identity
 from pytest_specsel.core.families import family_contract
 from pytest_specsel.core.interleave import ReplacedPair
 from pytest_specsel.core.interleave import RoundRunner
@@ -73,6 +74,8 @@ class Side:
     target_snapshot: str | None
     #: the KV capacity in tokens its server reported (None: not said)
     kv_tokens: int | None = None
+    #: a deployed endpoint's identity fields (None: a server this run started)
+    identity: Identity | None = None
 
     @property
     def role(self) -> Role:
@@ -248,6 +251,7 @@ class ScenarioMeter:
                 kv_tokens=kv_tokens,
                 categories=self._workloads[scenario.workload].categories(),
                 proposal_length=_proposal_length(side.candidate),
+                identity=side.identity,
             )
             result = paired()
             if result.parity is not None and not result.parity.quality_ok and servers is not None:

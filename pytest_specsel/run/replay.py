@@ -32,6 +32,8 @@ from pytest_specsel.core.protocol import ServerHandle
 from pytest_specsel.core.records import Role
 from pytest_specsel.core.results import Scenario
 from pytest_specsel.core.study import Study
+from pytest_specsel.core.traffic import ServerTraffic
+from pytest_specsel.core.traffic import traffic_of
 from pytest_specsel.core.workloads import Workload
 from pytest_specsel.core.workloads import WorkloadError
 
@@ -99,6 +101,7 @@ class _Window:
     def __init__(self, bundle: BackendBundle, handle: ServerHandle) -> None:
         self.bundle, self.handle = bundle, handle
         self.before: ServerCounters | None = None
+        self.after: ServerCounters | None = None
         self.error: str | None = None
         self.sampler: MemorySampler | None = None
         self.host: HostSampler | None = None
@@ -132,6 +135,7 @@ class _Window:
             return None, None, (None, None, None, None)
         memory = self.sampler.stop()
         after, after_error = self._scrape()
+        self.after = after
         error = self.error or after_error
         before_spec = self.before.spec if self.before else None
         telemetry = telemetry_from_counters(
@@ -139,12 +143,30 @@ class _Window:
         )
         return telemetry, memory, _cache_delta(self.before, after)
 
+    def traffic(self, requests: Sequence[RequestRecord]) -> ServerTraffic | None:
+        """The server's request and token counts over the window beside what was sent (None:
+        the counters were not read on both sides of it)."""
+        before, after = self.before, self.after
+        if before is None or after is None:
+            return None
+        deltas = (
+            _delta(before, after, "requests_finished"),
+            _delta(before, after, "prompt_tokens"),
+            _delta(before, after, "generation_tokens"),
+        )
+        settled = before.settled and after.settled
+        return traffic_of(requests, deltas, remote=self.bundle.remote, settled=settled)
+
+
+def _delta(before: ServerCounters | None, after: ServerCounters | None, field: str) -> float | None:
+    a = getattr(after, field) if after else None
+    b = getattr(before, field) if before else None
+    return a - b if a is not None and b is not None else None
+
 
 def _cache_delta(before: ServerCounters | None, after: ServerCounters | None) -> _Deltas:
     def delta(field: str) -> float | None:
-        a = getattr(after, field) if after else None
-        b = getattr(before, field) if before else None
-        return a - b if a is not None and b is not None else None
+        return _delta(before, after, field)
 
     waited, count = delta("queue_time_s"), delta("queued_count")
     queue_wait = waited / count if waited is not None and count else None
@@ -207,6 +229,7 @@ def measure_round(
         spec.request_rate,
         spec.goodput_targets_ms,
         steps,
+        meter.traffic(requests) if window else None,
     )
     return measured, interrupt
 

@@ -25,6 +25,7 @@ from pytest_specsel.core.protocol import BackendBundle
 from pytest_specsel.core.protocol import LaunchError
 from pytest_specsel.core.protocol import LaunchSpec
 from pytest_specsel.core.records import Device
+from pytest_specsel.core.records import Pairing
 from pytest_specsel.core.records import Role
 from pytest_specsel.core.records import RunStatus
 from pytest_specsel.core.records import to_json
@@ -57,6 +58,9 @@ from pytest_specsel.run.preflight import run_preflight
 from pytest_specsel.run.servers import ServerPool
 
 __all__ = ["BaselineUnavailable", "Selection"]
+
+#: why deployed endpoints' rounds interleave
+ENDPOINTS_PAIRING = "deployed endpoints: both servers are up at once"
 
 #: extends the manifest: called with the manifest, returns what goes under "extensions"
 Extensions = Callable[[Mapping[str, Any]], Mapping[str, Any]]
@@ -179,10 +183,14 @@ class Selection:
             scenarios=tuple(s for s in self.scenarios if s.key in keys),
             device=self._device,
             placement=placement,
+            identity=state.assets.identity if state.assets is not None else None,
         )
         if state.candidate.is_baseline:
             return work
-        g0 = self._states[self._baseline_name()]
+        if self._bundle.remote:  # deployed endpoints: both up, rounds interleave (ABBA)
+            state.pairing_reason = ENDPOINTS_PAIRING
+            return dataclasses.replace(work, pairing=Pairing.INTERLEAVED, baseline=self._baseline_plan(state))
+        g0 = self._states[baseline_name(self.study)]
         plan = self._memory_plan(state.track)
         pairing, state.pairing_reason, sleeping = co_residence(
             g0.assets.estimated_memory_gb if g0.assets else None,
@@ -201,12 +209,12 @@ class Selection:
     def _memory_plan(self, track: str) -> MemoryPlan:
         """The track's split of one device, computed once (see :func:`device_split`)."""
         if track not in self._memory:
-            g0 = self._states[self._baseline_name()]
+            g0 = self._states[baseline_name(self.study)]
             self._memory[track] = device_split(self._capability, self.study, g0, self._states.values(), track)
         return self._memory[track]
 
     def _baseline_plan(self, state: CandidateState) -> BaselinePlan:
-        g0 = self._states[self._baseline_name()]
+        g0 = self._states[baseline_name(self.study)]
         own = state.track == self.study.target_model
         target, unavailable = baseline_source(self._states.values(), g0, state.track, own)
         return BaselinePlan(
@@ -307,12 +315,8 @@ class Selection:
         for state in self._states.values():
             state.run_status, state.failure = settled_status(state)
 
-    def _baseline_name(self) -> str:
-        return next(c.name for c in self.study.candidates if c.is_baseline)
-
     def _track_server(self, track: str) -> str:
-        g0 = self._baseline_name()
-        return g0 if track == self.study.target_model else f"{g0}@{_slug(track)}"
+        return track_server(self.study, track)
 
     # -- measuring ---------------------------------------------------------------------
     def measure(self, name: str, scenario: Scenario) -> ScenarioResult:
@@ -362,6 +366,16 @@ class Selection:
         artifacts.write_json(self.paths.manifest, manifest)
         artifacts.write_json(self.paths.handoff, handoff)
         return {"manifest": self.paths.manifest, "handoff": self.paths.handoff}
+
+
+def baseline_name(study: Study) -> str:
+    return next(c.name for c in study.candidates if c.is_baseline)
+
+
+def track_server(study: Study, track: str) -> str:
+    """The name of a track's baseline server: G0's, or ``<G0>@<track>`` for a second track."""
+    g0 = baseline_name(study)
+    return g0 if track == study.target_model else f"{g0}@{_slug(track)}"
 
 
 def _slug(text: str) -> str:

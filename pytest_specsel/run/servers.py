@@ -67,11 +67,14 @@ class ServerPool:
         cores = spec.cpu_cores
         bound = f", compute on cores {','.join(map(str, cores))}" if cores else ""
         bound += f", {memory.describe()}" if memory else ""
-        self._say(f"[specsel] {name}: starting server (log {log_path}{bound})")
+        remote = self._bundle.remote
+        what = "reading its deployed endpoint, starting nothing" if remote else "starting server"
+        self._say(f"[specsel] {name}: {what} (log {log_path}{bound})")
         t0 = time.monotonic()
         handle = self._bundle.launcher.start(spec)
         elapsed = self.timings[f"{name}.server_start_s"] = time.monotonic() - t0
-        self._say(f"[specsel] {name}: server ready in {elapsed:.0f}s at {handle.base_url}")
+        ready = "endpoint answered" if remote else "server ready"
+        self._say(f"[specsel] {name}: {ready} in {elapsed:.0f}s at {handle.base_url}")
         self._up[name] = handle
         devices, how = handle.held_devices()
         slot = self.slot.slot if self.slot is not None else None
@@ -130,6 +133,9 @@ class ServerPool:
         handle.stop()
         released = self._bundle.prober.wait_released(120.0, handle.stopped_pids, handle.footprint)
         self.timings[f"{name}.server_stop_s"] = time.monotonic() - t0
+        if self._bundle.remote:
+            self._say(f"[specsel] {name}: endpoint left as it was (this run started nothing)")
+            return
         self._say(
             f"[specsel] {name}: server stopped" + ("" if released else " (device memory not yet released)")
         )

@@ -28,12 +28,15 @@ from pytest_specsel.core.study import Study
 from pytest_specsel.core.study import with_aa_calibration
 from pytest_specsel.files.artifacts import label_problem
 from pytest_specsel.study.backend import backend_table
+from pytest_specsel.study.endpoints import endpoint_run_keys
+from pytest_specsel.study.endpoints import endpoint_table
 from pytest_specsel.study.locator import Locator as _Locator
 from pytest_specsel.study.locator import StudyError
 from pytest_specsel.study.reads import check_keys
 from pytest_specsel.study.reads import local_ref
 from pytest_specsel.study.reads import merge
 from pytest_specsel.study.reads import positive
+from pytest_specsel.study.reads import proposal_lengths
 from pytest_specsel.study.reads import rate_levels
 from pytest_specsel.study.reads import relative_path
 from pytest_specsel.study.reads import typed
@@ -49,6 +52,7 @@ _STRATEGY_KEYS: dict[str, type | tuple[type, ...]] = {
     "min_backend_version": str,
     "num_speculative_tokens": (int, list),
     "target": str,
+    "endpoint": dict,
 }
 #: where the package keeps the files its defaults name (the default workloads)
 PACKAGE_DATA = Path(__file__).resolve().parents[1] / "data"
@@ -173,6 +177,7 @@ def _run(r: Mapping[str, Any], loc: _Locator) -> dict[str, Any]:
     out["policy"] = _policy(r, loc)
     out["aa_calibration"] = typed(r["aa_calibration"], bool, "run.aa_calibration", loc)
     out["strict_parity"] = typed(r["strict_parity"], bool, "run.strict_parity", loc)
+    out |= endpoint_run_keys(r, loc)
     epsilon = r["parity_epsilon"]
     if epsilon == "auto":
         out["parity_epsilon"] = None
@@ -215,7 +220,7 @@ def _policy(r: Mapping[str, Any], loc: _Locator) -> RoundPolicy:
 def _family(key: str, conf: Mapping[str, Any], fixed_slot: str | None, loc: _Locator) -> str:
     """The canonical family of a strategy or candidate table, checked against its slot."""
     family = str(conf.get("family", ""))
-    if fixed_slot == BASELINE_GROUP:
+    if fixed_slot == BASELINE_GROUP or (fixed_slot is None and family == BASELINE_FAMILY):
         if family != BASELINE_FAMILY:
             raise loc.error(f"{key}.family", f"{family!r}: G0 is the target-only baseline, family 'baseline'")
         return family
@@ -236,18 +241,6 @@ def _family(key: str, conf: Mapping[str, Any], fixed_slot: str | None, loc: _Loc
     return contract.family
 
 
-def _proposal_lengths(value: Any, key: str, loc: _Locator) -> tuple[int, ...]:
-    """``num_speculative_tokens``: one positive integer, or a list of distinct ones (each
-    becomes a candidate of its own)."""
-    dotted = f"{key}.num_speculative_tokens"
-    values = value if isinstance(value, list) else [value]
-    if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
-        raise loc.error(dotted, f"{value!r} must be a positive integer or a non-empty list of them")
-    if len(set(values)) != len(values):
-        raise loc.error(dotted, f"{value!r} lists a proposal length twice")
-    return tuple(values)
-
-
 def _candidates(
     group: str, conf: Mapping[str, Any], fixed: bool, default_k: int, loc: _Locator, base_dir: Path
 ) -> list[Candidate]:
@@ -259,7 +252,7 @@ def _candidates(
             typed(conf[name], kind, f"{key}.{name}", loc)
     family = _family(key, conf, group if fixed else None, loc)
     listed = isinstance(conf.get("num_speculative_tokens"), list)
-    lengths = _proposal_lengths(conf.get("num_speculative_tokens", default_k), key, loc)
+    lengths = proposal_lengths(conf.get("num_speculative_tokens", default_k), key, loc)
     if listed and family == BASELINE_FAMILY:
         raise loc.error(f"{key}.num_speculative_tokens", "the target-only baseline proposes nothing")
     return [
@@ -275,14 +268,18 @@ def _candidates(
             target=local_ref(conf["target"], base_dir) if conf.get("target") else None,
             fixed=fixed,
             k_in_name=listed and len(lengths) > 1,
+            # an extra target-only table is an A/A copy of the baseline (two replicas)
+            calibration=not fixed and family == BASELINE_FAMILY,
+            endpoint=endpoint_table(conf.get("endpoint"), f"{key}.endpoint", loc),
         )
         for k in lengths
     ]
 
 
 def _gates(g: Mapping[str, Any], loc: _Locator) -> Thresholds:
-    gates = Thresholds(**{k: typed(g[k], float, f"gates.{k}", loc) for k in DEFAULTS["gates"]})
-    for key in DEFAULTS["gates"]:
+    kinds = {k: bool if isinstance(v, bool) else float for k, v in DEFAULTS["gates"].items()}
+    gates = Thresholds(**{k: typed(g[k], kind, f"gates.{k}", loc) for k, kind in kinds.items()})
+    for key in (k for k, kind in kinds.items() if kind is float):
         if getattr(gates, key) <= 0:
             raise loc.error(f"gates.{key}", f"{getattr(gates, key)!r} must be > 0")
     return gates

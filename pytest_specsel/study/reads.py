@@ -11,7 +11,7 @@ from typing import Any
 from pytest_specsel.core.study import RECORDED
 from pytest_specsel.study.locator import Locator as _Locator
 
-__all__ = ["check_keys", "local_ref", "merge", "relative_path", "positive", "typed"]
+__all__ = ["check_keys", "local_ref", "merge", "proposal_lengths", "relative_path", "positive", "typed"]
 
 #: tables a user gives whole; everything else is merged key by key over the defaults
 _WHOLE_TABLES = ("options", "workloads")
@@ -83,3 +83,15 @@ def rate_levels(given: Any, loc: _Locator) -> tuple[list[float], bool]:
             "(replay a workload's logged arrival_s)",
         )
     return [float(x) for x in rates], RECORDED in given
+
+
+def proposal_lengths(value: Any, key: str, loc: _Locator) -> tuple[int, ...]:
+    """``num_speculative_tokens``: one positive integer, or a list of distinct ones (each
+    becomes a candidate of its own)."""
+    dotted = f"{key}.num_speculative_tokens"
+    values = value if isinstance(value, list) else [value]
+    if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+        raise loc.error(dotted, f"{value!r} must be a positive integer or a non-empty list of them")
+    if len(set(values)) != len(values):
+        raise loc.error(dotted, f"{value!r} lists a proposal length twice")
+    return tuple(values)

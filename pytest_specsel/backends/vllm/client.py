@@ -20,6 +20,7 @@ import json
 import time
 from collections.abc import Callable
 from collections.abc import Coroutine
+from collections.abc import Mapping
 from typing import Any
 from typing import TypeVar
 
@@ -35,7 +36,7 @@ from pytest_specsel.core.protocol import ReplaySpec
 from pytest_specsel.core.protocol import WarmupError
 from pytest_specsel.core.workloads import Prompt
 
-__all__ = ["HttpBenchClient", "SseSplitter", "run_loop", "stream_one"]
+__all__ = ["NO_RETRY", "HttpBenchClient", "Retry", "SseSplitter", "run_loop", "stream_one"]
 
 Clock = Callable[[], float]
 
@@ -143,7 +144,7 @@ class _Stream:
             self.last = now
             self.text.append(delta)
 
-    def record(self, error: str | None, clock: Clock) -> RequestRecord:
+    def record(self, error: str | None, clock: Clock, retries: int = 0) -> RequestRecord:
         end = self.last_event if self.last_event is not None else clock()
         return RequestRecord(
             request_id=self.prompt.request_id,
@@ -160,6 +161,7 @@ class _Stream:
             logprobs=tuple(self.logprobs) if self.logprobs else None,
             finish_reason=self.finish,
             error=error,
+            retries=retries,
         )
 
 
@@ -177,6 +179,30 @@ async def _read_events(response: aiohttp.ClientResponse, stream: _Stream, clock:
     return None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Retry:
+    """Answers a shared server gives when it is busy (429 Too Many Requests, 503 Service
+    Unavailable) are sent again, at most ``attempts`` times, after ``backoff_s`` doubling each
+    time (or the server's ``Retry-After`` seconds, at most ``max_wait_s``); each retry is
+    counted on the request (``RequestRecord.retries``) and the round is flagged."""
+
+    attempts: int = 3
+    backoff_s: float = 0.5
+    max_wait_s: float = 10.0
+    statuses: tuple[int, ...] = (429, 503)
+
+    def wait_s(self, attempt: int, retry_after: str | None) -> float:
+        try:
+            asked = float(retry_after) if retry_after is not None else None
+        except ValueError:
+            asked = None
+        return min(self.max_wait_s, asked if asked is not None else self.backoff_s * 2**attempt)
+
+
+#: no retries: a server this run started answers or fails
+NO_RETRY = Retry(attempts=0)
+
+
 async def stream_one(
     session: aiohttp.ClientSession,
     url: str,
@@ -186,30 +212,40 @@ async def stream_one(
     scenario_start: float,
     clock: Clock = time.perf_counter,
     sink: list[RequestRecord] | None = None,
+    retry: Retry = NO_RETRY,
 ) -> RequestRecord:
-    """Send one streaming request and time it.
+    """Send one streaming request and time it (from its first send, retries included).
 
     On cancellation the partial record (what arrived, with ``error="cancelled"``) is
     appended to ``sink`` before the ``CancelledError`` propagates.
     """
     stream = _Stream(prompt, repeat, scenario_start, clock())
+    retries = 0
     try:
-        async with session.post(url, json=payload) as response:
-            if response.status != 200:
-                body = (await response.read()).decode("utf-8", "replace")[:500]
-                return stream.record(f"HTTP {response.status}: {body}", clock)
-            error = await _read_events(response, stream, clock)
+        while True:
+            async with session.post(url, json=payload) as response:
+                if response.status in retry.statuses and retries < retry.attempts:
+                    await response.read()
+                    wait = retry.wait_s(retries, response.headers.get("Retry-After"))
+                    retries += 1
+                    await asyncio.sleep(wait)
+                    continue
+                if response.status != 200:
+                    body = (await response.read()).decode("utf-8", "replace")[:500]
+                    return stream.record(f"HTTP {response.status}: {body}", clock, retries)
+                error = await _read_events(response, stream, clock)
+                break
     except asyncio.CancelledError:
         if sink is not None:
-            sink.append(stream.record("cancelled", clock))
+            sink.append(stream.record("cancelled", clock, retries))
         raise
     except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return stream.record(f"{type(exc).__name__}: {exc}", clock)
+        return stream.record(f"{type(exc).__name__}: {exc}", clock, retries)
     if error is None and stream.ttft is None:
         error = "empty stream: the server sent no content"
     if error is None and stream.usage.get("completion_tokens") is None:
         error = "no usage: the server did not report completion_tokens"
-    return stream.record(error, clock)
+    return stream.record(error, clock, retries)
 
 
 T = TypeVar("T")
@@ -274,8 +310,17 @@ class HttpBenchClient:
     """:class:`~pytest_specsel.core.protocol.BenchClient` over HTTP: one event loop, one
     connection per concurrent stream, kept alive across the round."""
 
-    def __init__(self, clock: Clock = time.perf_counter) -> None:
+    def __init__(
+        self,
+        clock: Clock = time.perf_counter,
+        session: Callable[[str], Mapping[str, Any]] | None = None,
+        retry: Retry = NO_RETRY,
+    ) -> None:
         self._clock = clock
+        #: per base URL: extra ``aiohttp.ClientSession`` arguments (headers) and the
+        #: connector's ``ssl`` (a deployed endpoint's key and TLS settings; never written)
+        self._session = session or (lambda _url: {})
+        self._retry = retry
 
     def run(self, spec: ReplaySpec, hooks: ReplayHooks | None = None) -> ClientRun:
         return run_loop(self._run(spec, hooks or ReplayHooks()))
@@ -291,7 +336,7 @@ class HttpBenchClient:
             now = self._clock()
             done = await asyncio.gather(
                 *(
-                    stream_one(session, url, q, p, -1, now, self._clock)
+                    stream_one(session, url, q, p, -1, now, self._clock, retry=self._retry)
                     for q, p in zip(payloads, prompts, strict=True)
                 )
             )
@@ -306,13 +351,15 @@ class HttpBenchClient:
         url = spec.base_url.rstrip("/") + "/v1/chat/completions"
         # as httpx's was: no overall limit, 10 s to connect, spec.timeout_s between reads
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=spec.timeout_s)
-        connector = aiohttp.TCPConnector(limit=spec.concurrency + 1)
+        extra = dict(self._session(spec.base_url))
+        ssl = extra.pop("ssl", True)
+        connector = aiohttp.TCPConnector(limit=spec.concurrency + 1, ssl=ssl)
         sink = hooks.sink if hooks.sink is not None else []
         jobs = [(rep, p) for rep in range(spec.repeats) for p in spec.prompts]
         if spec.arrivals and len(spec.arrivals) != len(jobs):
             raise ValueError(f"specsel: {len(spec.arrivals)} arrival times for {len(jobs)} requests")
         due = dict(zip(jobs, spec.arrivals, strict=False))
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout, **extra) as session:
             await self._warmup(session, url, spec)
             gate = asyncio.Semaphore(spec.concurrency)
             done = 0
@@ -331,7 +378,7 @@ class HttpBenchClient:
                 if at is not None:  # open loop: wait for its arrival, then for a free slot under the cap
                     await asyncio.sleep(max(0.0, start + at - self._clock()))
                 async with gate:
-                    r = await stream_one(session, url, payload, p, rep, start, self._clock, sink)
+                    r = await stream_one(session, url, payload, p, rep, start, self._clock, sink, self._retry)
                 sink.append(r if at is None else dataclasses.replace(r, scheduled_offset_s=at))
                 done += 1
                 if hooks.progress is not None:

@@ -85,6 +85,10 @@ _PREFIX_CACHE = {
     # one observation per engine step that produced output (AsyncLLM's output handler
     # records each EngineCoreOutputs batch once; vllm/v1/engine/async_llm.py, 0.32)
     "vllm:iteration_tokens_total_count": "engine_steps",
+    # what the server served, to tell this client's traffic from others' (core/traffic.py)
+    "vllm:request_success": "requests",
+    "vllm:prompt_tokens": "prompt_tokens",
+    "vllm:generation_tokens": "generation_tokens",
 }
 
 
@@ -105,6 +109,9 @@ def parse_server_counters(text: str) -> ServerCounters:
         cache.get("queue_sum"),
         cache.get("queue_count"),
         cache.get("engine_steps"),
+        cache.get("requests"),
+        cache.get("prompt_tokens"),
+        cache.get("generation_tokens"),
     )
 
 

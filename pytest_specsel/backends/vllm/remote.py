@@ -1,0 +1,372 @@
+"""The bundle for ``--specsel-remote``: every candidate is a deployed endpoint
+(``backends/vllm/endpoints.py`` reads them). The "launcher" starts nothing and its handles
+stop nothing; the scraper sums a gateway's replicas and waits for the counters to settle;
+memory is read from a Prometheus gauge the study names, else it is ``not_measured_remote``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Mapping
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from pytest_specsel.backends.vllm.client import HttpBenchClient
+from pytest_specsel.backends.vllm.client import Retry
+from pytest_specsel.backends.vllm.endpoints import EndpointAccess
+from pytest_specsel.backends.vllm.endpoints import read_facts
+from pytest_specsel.backends.vllm.launcher import TELEMETRY_ORIGIN
+from pytest_specsel.backends.vllm.launcher import speculative_config_json
+from pytest_specsel.backends.vllm.telemetry import parse_server_counters
+from pytest_specsel.core.endpoints import EndpointError
+from pytest_specsel.core.endpoints import ServerFacts
+from pytest_specsel.core.endpoints import Status
+from pytest_specsel.core.endpoints import identity_of
+from pytest_specsel.core.gating import version_at_least
+from pytest_specsel.core.measurement import MemoryReading
+from pytest_specsel.core.measurement import ServerCounters
+from pytest_specsel.core.measurement import SpecCounters
+from pytest_specsel.core.parity import near_tie_epsilon
+from pytest_specsel.core.placement import DeviceFootprint
+from pytest_specsel.core.protocol import AssetFacts
+from pytest_specsel.core.protocol import BackendBundle
+from pytest_specsel.core.protocol import Capability
+from pytest_specsel.core.protocol import LaunchError
+from pytest_specsel.core.protocol import LaunchSpec
+from pytest_specsel.core.protocol import ServeCommand
+from pytest_specsel.core.protocol import ServerHandle
+from pytest_specsel.core.records import Device
+from pytest_specsel.core.study import Candidate
+from pytest_specsel.core.study import Study
+
+__all__ = ["EndpointScraper", "EndpointServer", "make_endpoint_backend", "sum_counters"]
+
+#: the counters are read every ``SETTLE_S`` until two reads agree, at most ``SETTLE_TIMEOUT_S``
+SETTLE_S = 0.25
+SETTLE_TIMEOUT_S = 10.0
+
+
+class EndpointServer:
+    """:class:`~pytest_specsel.core.protocol.ServerHandle` of a server this run did not start."""
+
+    def __init__(self, name: str, access: EndpointAccess, facts: ServerFacts | None, log_path: Path) -> None:
+        self.name, self.access, self.facts = name, access, facts
+        self.base_url = access.endpoint.url
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("a", encoding="utf-8") as log:
+            log.write(f"specsel: {name}: deployed endpoint {self.base_url}; nothing started by this run\n")
+            if facts is not None:
+                for key, value in facts.as_json().items():
+                    log.write(f"specsel: {name}: {key} = {value}\n")
+
+    @property
+    def command(self) -> ServeCommand | None:
+        return None  # someone else's deployment: its command is theirs
+
+    def pids(self) -> list[int]:
+        return []
+
+    @property
+    def stopped_pids(self) -> tuple[int, ...]:
+        return ()
+
+    @property
+    def footprint(self) -> DeviceFootprint | None:
+        return None
+
+    def kv_cache_tokens(self) -> int | None:
+        return self.facts.kv_tokens if self.facts is not None else None
+
+    def held_devices(self) -> tuple[list[Any], str]:
+        return [self.base_url], "endpoint"
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(encoding="utf-8").splitlines()[-lines:])
+
+    def stop(self) -> None:
+        with self.log_path.open("a", encoding="utf-8") as log:
+            log.write(f"specsel: {self.name}: measuring done; the endpoint is left running\n")
+
+    def sleep(self) -> None:
+        raise NotImplementedError("specsel: a deployed endpoint is not put to sleep")
+
+    def wake(self) -> None:
+        return None
+
+
+def sum_counters(reads: Sequence[ServerCounters]) -> ServerCounters:
+    """One read of a gateway's replicas: every counter summed over them (None where no replica
+    has it; spec-decode counters per position summed)."""
+
+    def total(field: str) -> float | None:
+        values = [getattr(r, field) for r in reads if getattr(r, field) is not None]
+        return sum(values) if values else None
+
+    specs = [r.spec for r in reads if r.spec is not None]
+    spec = None
+    if specs:
+        width = max(len(s.accepted_per_position) for s in specs)
+        spec = SpecCounters(
+            sum(s.drafts for s in specs),
+            sum(s.draft_tokens for s in specs),
+            sum(s.accepted_tokens for s in specs),
+            tuple(
+                sum(s.accepted_per_position[i] for s in specs if i < len(s.accepted_per_position))
+                for i in range(width)
+            ),
+        )
+    return ServerCounters(
+        spec,
+        total("prefix_cache_queries"),
+        total("prefix_cache_hits"),
+        total("queue_time_s"),
+        total("queued_count"),
+        total("engine_steps"),
+        total("requests_finished"),
+        total("prompt_tokens"),
+        total("generation_tokens"),
+        all(r.settled for r in reads),
+    )
+
+
+class EndpointScraper:
+    """:class:`~pytest_specsel.core.protocol.MetricsScraper` over an endpoint's metrics pages
+    (a gateway's replicas summed), read until two reads agree: a server publishes its counters
+    on its own schedule, and a late counter would read as another client's traffic."""
+
+    def __init__(
+        self,
+        access: Mapping[str, EndpointAccess],
+        settle_s: float = SETTLE_S,
+        timeout_s: float = SETTLE_TIMEOUT_S,
+    ) -> None:
+        self._access, self._settle, self._timeout = dict(access), settle_s, timeout_s
+
+    def _read(self, access: EndpointAccess) -> ServerCounters:
+        reads = []
+        for url in access.endpoint.metrics:
+            response = access.get(url)
+            response.raise_for_status()
+            reads.append(parse_server_counters(response.text))
+        return sum_counters(reads)
+
+    def scrape(self, base_url: str) -> ServerCounters:
+        access = self._access[base_url.rstrip("/")]
+        deadline = time.monotonic() + self._timeout
+        last = self._read(access)
+        while True:
+            time.sleep(self._settle)
+            now = self._read(access)
+            if now == last:
+                return now
+            if time.monotonic() >= deadline:
+                return dataclasses.replace(now, settled=False)
+            last = now
+
+
+class RemoteMemorySampler:
+    """Peak of a Prometheus gauge of the server's device memory (MiB, summed over the pages'
+    samples of that name: e.g. the DCGM exporter's ``DCGM_FI_DEV_FB_USED`` per GPU), polled over
+    the window; with no gauge named, no figure: ``not_measured_remote``."""
+
+    def __init__(self, access: Mapping[str, EndpointAccess], interval_s: float = 1.0) -> None:
+        self._access, self._interval = access, interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._peak: float | None = None
+        self._samples = 0
+        self._metric: str | None = None
+
+    def _read(self, access: EndpointAccess) -> float | None:
+        e = access.endpoint
+        total, seen = 0.0, False
+        for url in (e.memory_url,) if e.memory_url else e.metrics:
+            response = access.get(url)
+            if response.status_code != 200:
+                continue
+            for family in text_string_to_metric_families(response.text):
+                for sample in family.samples:
+                    if sample.name == e.memory_metric:
+                        total, seen = total + sample.value, True
+        return total if seen else None
+
+    def _loop(self, access: EndpointAccess) -> None:
+        while not self._stop.is_set():
+            try:
+                value = self._read(access)
+            except Exception:
+                value = None  # a missed poll is no reading, never 0
+            if value is not None:
+                self._samples += 1
+                self._peak = value if self._peak is None else max(self._peak, value)
+            self._stop.wait(self._interval)
+
+    def start(self, handle: ServerHandle) -> None:
+        access = self._access[handle.base_url]
+        self._metric = access.endpoint.memory_metric
+        if self._metric is not None:
+            self._thread = threading.Thread(
+                target=self._loop, args=(access,), name="specsel-remote-memory", daemon=True
+            )
+            self._thread.start()
+
+    def stop(self) -> MemoryReading:
+        if self._metric is None:
+            return MemoryReading(None, "not_measured_remote", 0)
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        return MemoryReading(self._peak, f"prometheus:{self._metric}", self._samples)
+
+
+class EndpointProber:
+    """Reads every enabled candidate's endpoint once (``probe``), then answers each candidate's
+    admission from what its server told (``inspect``)."""
+
+    def __init__(self, study: Study, access: Mapping[str, EndpointAccess], client: HttpBenchClient) -> None:
+        self._study, self._access, self._client = study, access, client
+        #: per candidate name, what its endpoint told
+        self.facts: dict[str, ServerFacts] = {}
+
+    def _baseline(self) -> Candidate:
+        return next(c for c in self._study.candidates if c.is_baseline)
+
+    def probe(self) -> Capability:
+        """:raises EndpointError: an endpoint unreachable, refusing, not serving its model,
+        missing, or a baseline that speculates; before any round."""
+        study = self._study
+        for candidate in study.candidates:
+            if not candidate.enabled:
+                continue
+            endpoint = candidate.endpoint
+            assert endpoint is not None  # make_endpoint_backend refused a study without
+            model = endpoint.model or study.served_name
+            self.facts[candidate.name] = read_facts(
+                self._access[candidate.name], model, self._client, study.backend.request_timeout_s
+            )
+        base = self.facts[self._baseline().name]
+        if base.spec_counters:
+            e = self._baseline().endpoint
+            assert e is not None
+            raise EndpointError(
+                f"specsel: {e.where}: {e.key}: {e.url} exports spec-decode counters: it speculates and "
+                "cannot be the target-only baseline; point G0 at a server without a speculative config"
+            )
+        methods = sorted({c.method or c.family for c in study.candidates if not c.target_only})
+        return Capability(
+            backend="vllm" if base.is_vllm else "openai-compatible",
+            command=(),
+            version=base.version,
+            has_speculative_config=True,
+            methods=tuple(methods),
+            device=Device.REMOTE,
+            device_name=None,
+            device_memory_mb=None,
+            runtime={"endpoints": {name: f.as_json() for name, f in self.facts.items()}},
+        )
+
+    def inspect(self, study: Study, candidate: Candidate, capability: Capability) -> AssetFacts:
+        facts = self.facts[candidate.name]
+        base = self.facts[self._baseline().name]
+        declared = {
+            "target": study.target_model,
+            "num_speculative_tokens": None if candidate.target_only else candidate.num_speculative_tokens,
+            "model": (candidate.endpoint.model if candidate.endpoint else None) or study.served_name,
+        }
+        epsilon = near_tie_epsilon(study.backend.dtype, study.parity_epsilon)
+        identity = identity_of(declared, base, facts, epsilon, study.trust_declared_identity)
+        target = identity.field("target")
+        assert target is not None
+        snapshot = f"declared:{base.root or study.target_model}"
+        if target.status is Status.CONTRADICTED:
+            snapshot = f"fingerprint:{facts.fingerprint_digest()}"
+        problem = None
+        if (
+            candidate.min_backend_version
+            and facts.version
+            and not version_at_least(facts.version, candidate.min_backend_version)
+        ):
+            problem = (
+                f"vllm {facts.version} at {facts.url} < {candidate.min_backend_version} (min_backend_version)"
+            )
+        endpoint = candidate.endpoint
+        assert endpoint is not None
+        return AssetFacts(
+            target_path=study.target_model,
+            target_snapshot=snapshot,
+            asset_path=candidate.asset,
+            asset_snapshot=None,
+            asset_ready=True,
+            compatible=target.status is not Status.CONTRADICTED,
+            native_mtp=True,
+            estimated_memory_gb=None,
+            memory_limit_gb=None,
+            details={
+                "asset": f"served by the deployed endpoint {facts.url} (declared by the study)",
+                "compatibility": f"target {target.status.value}: {target.how}",
+            },
+            backend_problem=problem,
+            endpoint={"declared": endpoint.as_json(), "server": facts.as_json()},
+            identity=identity,
+        )
+
+    def wait_released(
+        self, timeout_s: float, pids: Sequence[int] = (), footprint: DeviceFootprint | None = None
+    ) -> bool:
+        return True  # nothing of ours held anything
+
+
+class EndpointLauncher:
+    """Starts nothing: hands out the handle of the endpoint a server name was declared at."""
+
+    def __init__(self, study: Study, access: Mapping[str, EndpointAccess], prober: EndpointProber) -> None:
+        self._study, self._access, self._prober = study, access, prober
+
+    def start(self, spec: LaunchSpec) -> EndpointServer:
+        access = self._access.get(spec.name)
+        if access is None:
+            raise LaunchError(
+                f"specsel: {spec.name}: no endpoint declared (with --specsel-remote every server is one)",
+                spec.log_path,
+            )
+        return EndpointServer(spec.name, access, self._prober.facts.get(spec.name), spec.log_path)
+
+
+def make_endpoint_backend(study: Study, environ: Mapping[str, str] | None = None) -> BackendBundle:
+    """The bundle of a study whose enabled candidates are all deployed endpoints.
+
+    :raises EndpointError: an enabled candidate without an endpoint, or a variable it names unset.
+    """
+    missing = [c.name for c in study.candidates if c.enabled and c.endpoint is None]
+    if missing:
+        raise EndpointError(
+            f"specsel: {study.source}: with --specsel-remote every enabled candidate needs an endpoint; "
+            f"{', '.join(missing)} have none: add [specsel.strategies.<name>.endpoint] url = ... (or "
+            "[specsel.candidates.<name>.endpoint]) or set enabled = false"
+        )
+    env = dict(environ) if environ is not None else None
+    access = {
+        c.name: EndpointAccess.of(c.endpoint, env) if env is not None else EndpointAccess.of(c.endpoint)
+        for c in study.candidates
+        if c.enabled and c.endpoint is not None
+    }
+    by_url = {a.endpoint.url: a for a in access.values()}
+    client = HttpBenchClient(session=lambda url: by_url[url.rstrip("/")].aiohttp_session(), retry=Retry())
+    prober = EndpointProber(study, access, client)
+    return BackendBundle(
+        name="endpoints",
+        prober=prober,
+        launcher=EndpointLauncher(study, access, prober),
+        client=client,
+        scraper=EndpointScraper(by_url),
+        memory=lambda: RemoteMemorySampler(by_url),
+        launch_config=speculative_config_json,
+        telemetry_origin=TELEMETRY_ORIGIN,
+        remote=True,
+    )
