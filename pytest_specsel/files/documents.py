@@ -161,9 +161,20 @@ def _where(state: CandidateState) -> dict[str, Any]:
         servers.insert(0, (Role.BASELINE, state.baseline_held))
     return {
         "residence": residence.value if residence else None,
+        "endpoint": _endpoint(state),
         "kv_capacity": kv_capacity(state.baseline_kv_tokens, state.kv_tokens, state.planned_kv_tokens),
         "placement": [{**held, "role": role.value} for role, held in servers if held is not None],
     }
+
+
+def _endpoint(state: CandidateState) -> dict[str, Any] | None:
+    """A deployed endpoint's declaration (URLs, the names of its variables), what its server
+    told and its identity fields, each verified or declared (None: a server the run started)."""
+    assets = state.assets
+    if assets is None or assets.endpoint is None:
+        return None
+    identity = assets.identity.as_json() if assets.identity is not None else None
+    return {**assets.endpoint["declared"], "server": assets.endpoint["server"], "identity": identity}
 
 
 def _reason(state: CandidateState) -> str:
@@ -240,6 +251,7 @@ def handoff_document(
                 "admission": to_json(state.admission),
                 "num_speculative_tokens": state.candidate.num_speculative_tokens,
                 "speculative_config": dict(state.launch_config) if state.launch_config else None,
+                "endpoint": _endpoint(state),
                 "scenarios": {v.scenario: v.to_json() for v in views},
                 "accepted_scenarios": sorted(
                     v.scenario

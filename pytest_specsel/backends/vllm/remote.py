@@ -272,7 +272,9 @@ class EndpointProber:
         )
 
     def inspect(self, study: Study, candidate: Candidate, capability: Capability) -> AssetFacts:
-        facts = self.facts[candidate.name]
+        facts = self.facts.get(candidate.name)
+        if facts is None:  # disabled: admission skips it before it reads anything of this
+            return AssetFacts(None, None, None, None, False, False, False, None, None)
         base = self.facts[self._baseline().name]
         declared = {
             "target": study.target_model,
