@@ -44,6 +44,8 @@ class Knobs:
     api_key: str | None = None
     #: shift every log-probability by this much (a different target: > epsilon)
     logprob_shift: float = 0.0
+    #: the shift only on the first n chat requests (0: on every one): a batch that moved once
+    shift_requests: int = 0
     #: a different first token: another model
     other_model: bool = False
     replicas: int = 1
@@ -111,7 +113,8 @@ class FakeEndpoint:
         out = []
         for i in range(n):
             token = words[i % len(words)] + ("!" if self.knobs.other_model and i == 0 else "")
-            lp = -0.1 - 0.01 * (i % 7) + self.knobs.logprob_shift
+            shifted = not self.knobs.shift_requests or self.posts <= self.knobs.shift_requests
+            lp = -0.1 - 0.01 * (i % 7) + (self.knobs.logprob_shift if shifted else 0.0)
             alts = [(token, lp), *((f"{token}~{j}", lp - 3.0 - j) for j in range(4))]
             out.append((token, lp, alts))
         return out

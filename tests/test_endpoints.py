@@ -13,6 +13,7 @@ from pytest_specsel.core.endpoints import IdentityField
 from pytest_specsel.core.endpoints import ServerFacts
 from pytest_specsel.core.endpoints import Status
 from pytest_specsel.core.endpoints import endpoint_decision
+from pytest_specsel.core.endpoints import equivalence
 from pytest_specsel.core.endpoints import fingerprints_agree
 from pytest_specsel.core.endpoints import identity_of
 from pytest_specsel.core.measurement import TokenLogprob
@@ -91,6 +92,25 @@ class TestEndpointDecision:
     def test_a_server_that_is_not_vllm_is_never_accepted_as_speculative(self):
         decision = endpoint_decision(self.ACCEPT, self._identity(vllm=False), [])
         assert decision.verdict is Verdict.TUNE
+
+    def test_a_quality_failure_in_a_shared_window_is_not_the_candidates_alone(self):
+        reject = Decision(Verdict.REJECT, "quality_gate_failed")
+        assert endpoint_decision(reject, self._identity(), ["foreign_traffic"]).verdict is Verdict.TUNE
+        assert endpoint_decision(reject, self._identity(), []) == reject
+
+    @pytest.mark.parametrize(
+        ("low", "high", "verdict"),
+        [
+            (0.97, 1.04, "equivalent"),
+            (0.90, 1.02, "undecided"),
+            (0.80, 1.30, "undecided"),
+            (1.08, 1.20, "not_equivalent"),
+        ],
+    )
+    def test_replicas_are_equivalent_only_when_the_whole_interval_is_inside_the_margin(
+        self, low, high, verdict
+    ):
+        assert equivalence(low, high, 0.05) == verdict
 
     def test_a_verified_clean_endpoint_keeps_its_accept(self):
         assert endpoint_decision(self.ACCEPT, self._identity(), ["prefix_cache_hits"]) == self.ACCEPT
@@ -247,6 +267,19 @@ class TestRemoteRun:
         leaked = [str(p) for p in written if KEY in p.read_text(errors="replace")]
         assert leaked == [] and KEY not in out
 
+    def test_an_aa_pair_of_replicas_is_judged_against_the_equivalence_margin(self, remote, pytester):
+        replica = '[specsel.candidates.aa_replica]\nfamily = "baseline"\n[specsel.candidates.aa_replica.endpoint]\nurl = "{u}"\napi_key_env = "SPECSEL_TEST_KEY"\n'
+        with (
+            FakeEndpoint(Knobs(api_key=KEY)) as b,
+            FakeEndpoint(Knobs(api_key=KEY, k=3)) as c,
+            FakeEndpoint(Knobs(api_key=KEY)) as a,
+        ):
+            remote(_study(b.url, c.url) + replica.format(u=a.url), "--specsel-label", "aa")
+        aa = _doc(pytester, "aa", "handoff")["candidates"]["aa_replica"]
+        found = aa["hardware_equivalent"]["general-c1"]
+        assert found["margin"] == 0.05 and found["verdict"] == equivalence(*found["interval"], 0.05)
+        assert aa["scenarios"]["general-c1"]["decision"]["verdict"] != "accept"
+
     def test_an_unreachable_endpoint_is_a_usage_error_naming_url_and_key(self, remote):
         with FakeEndpoint(Knobs(api_key=KEY)) as b:
             result = remote(_study(b.url, "http://127.0.0.1:9"))
@@ -332,4 +365,11 @@ class TestRemoteRun:
         out = result.stdout.str()
         assert "target = " in out and "contradicted" in out
         assert "num_speculative_tokens = 3: verified" in out
-        assert sent == 3  # the fingerprint's three prompts, nothing measured
+        assert sent == 9  # the fingerprint's three prompts, taken three times; nothing measured
+
+    def test_a_fingerprint_moved_once_by_a_batch_is_taken_again_and_verified(self, remote):
+        moved = Knobs(api_key=KEY, k=3, logprob_shift=0.5, shift_requests=3)
+        with FakeEndpoint(Knobs(api_key=KEY)) as b, FakeEndpoint(moved) as c:
+            out = remote(_study(b.url, c.url), "--specsel-plan").stdout.str()
+        assert "target = " in out and "contradicted" not in out
+        assert "verified (" in out

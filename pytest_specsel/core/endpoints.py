@@ -33,6 +33,7 @@ __all__ = [
     "ServerFacts",
     "Status",
     "endpoint_decision",
+    "equivalence",
     "fingerprints_agree",
     "identity_of",
 ]
@@ -263,14 +264,31 @@ def identity_of(
     return Identity(tuple(fields), trusted, facts.is_vllm, k is not None)
 
 
+def equivalence(low: float | None, high: float | None, margin: float) -> str:
+    """An A/A pair of replicas against a margin (± share): ``equivalent`` only when the whole
+    interval lies inside it, ``not_equivalent`` when it lies wholly outside, else ``undecided``
+    (a wide interval that merely contains 1.0 shows nothing)."""
+    if low is None or high is None:
+        return "undecided"
+    if 1 - margin <= low and high <= 1 + margin:
+        return "equivalent"
+    if high < 1 - margin or low > 1 + margin:
+        return "not_equivalent"
+    return "undecided"
+
+
 def endpoint_decision(decision: Decision, identity: Identity | None, flags: Sequence[str]) -> Decision:
     """What an endpoint's evidence may conclude: never ``accept`` on a window with foreign
     traffic, on a server that is not vLLM (as a speculative candidate), or with the target's
     identity only declared (unless the study trusts declared identity, recorded)."""
-    if decision.verdict is not Verdict.ACCEPT or identity is None:
+    if identity is None or decision.verdict not in (Verdict.ACCEPT, Verdict.REJECT):
         return decision
     if FOREIGN_TRAFFIC in flags:
+        # another client's requests shared the batches: neither the speed nor the outputs
+        # (batch composition moves temperature-0 near ties) are the candidate's alone
         return Decision(Verdict.TUNE, "foreign_traffic_in_window", decision.gates)
+    if decision.verdict is Verdict.REJECT:
+        return decision
     if identity.speculative and not identity.vllm:
         return Decision(Verdict.TUNE, "not_vllm_no_counter_evidence", decision.gates)
     if identity.unverified and not identity.trusted:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_specsel.core.endpoints import equivalence
 from pytest_specsel.core.kforecast import k_forecasts
 from pytest_specsel.core.measurement import Round
 from pytest_specsel.core.placement import kv_capacity
@@ -177,6 +178,23 @@ def _endpoint(state: CandidateState) -> dict[str, Any] | None:
     return {**assets.endpoint["declared"], "server": assets.endpoint["server"], "identity": identity}
 
 
+def _equivalent(study: Study, state: CandidateState, views: Sequence[ScenarioView]) -> dict[str, Any] | None:
+    """An A/A candidate's verdict per scenario: were the baseline's and this replica's
+    hardware shown equivalent within ``run.aa_equivalence_margin`` (None: not an A/A)."""
+    if not state.candidate.calibration:
+        return None
+    out = {}
+    for v in views:
+        interval = v.evidence.throughput_speedup_interval if v.evidence is not None else None
+        low, high = (interval.low, interval.high) if interval is not None else (None, None)
+        out[v.scenario] = {
+            "verdict": equivalence(low, high, study.aa_equivalence_margin),
+            "interval": [low, high],
+            "margin": study.aa_equivalence_margin,
+        }
+    return out
+
+
 def _reason(state: CandidateState) -> str:
     return (Reason.LAUNCH_OR_REQUESTS_FAILED if state.failure is not None else state.admission.reason).value
 
@@ -252,6 +270,7 @@ def handoff_document(
                 "num_speculative_tokens": state.candidate.num_speculative_tokens,
                 "speculative_config": dict(state.launch_config) if state.launch_config else None,
                 "endpoint": _endpoint(state),
+                "hardware_equivalent": _equivalent(study, state, views),
                 "scenarios": {v.scenario: v.to_json() for v in views},
                 "accepted_scenarios": sorted(
                     v.scenario

@@ -28,10 +28,11 @@ from pytest_specsel.backends.vllm.client import HttpBenchClient
 from pytest_specsel.core.endpoints import Endpoint
 from pytest_specsel.core.endpoints import EndpointError
 from pytest_specsel.core.endpoints import ServerFacts
+from pytest_specsel.core.measurement import TokenLogprob
 from pytest_specsel.core.protocol import ReplaySpec
 from pytest_specsel.core.workloads import Prompt
 
-__all__ = ["FINGERPRINT", "EndpointAccess", "page_facts", "read_facts"]
+__all__ = ["FINGERPRINT", "EndpointAccess", "page_facts", "read_facts", "take_fingerprint"]
 
 #: what the fingerprint asks (temperature 0, concurrency 1, top log-probabilities)
 FINGERPRINT = (
@@ -172,6 +173,20 @@ def page_facts(texts: Sequence[str]) -> tuple[bool, int | None, int | None, dict
     return spec, (max(positions) + 1 if positions else None), kv, info
 
 
+def take_fingerprint(
+    access: EndpointAccess, model: str, client: HttpBenchClient, timeout_s: float
+) -> tuple[tuple[tuple[TokenLogprob, ...], ...] | None, str | None]:
+    """The fixed prompts' tokens with their top log-probabilities, one request at a time at
+    temperature 0 (None, and why, where the server returned none)."""
+    ask = ReplaySpec(access.endpoint.url, model, FINGERPRINT, 1, 0, 1, FINGERPRINT_TOKENS, 0.0, timeout_s)
+    run = client.run(dataclasses.replace(ask, top_logprobs=FINGERPRINT_TOP))
+    failed = [r.error for r in run.requests if not r.ok]
+    answers = tuple(r.logprobs or () for r in run.requests if r.ok)
+    if len(answers) == len(FINGERPRINT) and all(answers):
+        return answers, None
+    return None, f"fingerprint: {failed[0]}" if failed else "fingerprint: no log-probabilities returned"
+
+
 def read_facts(access: EndpointAccess, model: str, client: HttpBenchClient, timeout_s: float) -> ServerFacts:
     """What one endpoint tells before any measured request (the fingerprint included).
 
@@ -181,24 +196,8 @@ def read_facts(access: EndpointAccess, model: str, client: HttpBenchClient, time
     version = _version(access)
     texts, problems = _pages(access)
     spec, positions, kv, info = page_facts(texts)
-    ask = ReplaySpec(
-        access.endpoint.url,
-        model,
-        FINGERPRINT,
-        1,
-        0,
-        1,
-        FINGERPRINT_TOKENS,
-        0.0,
-        timeout_s,
-        top_logprobs=FINGERPRINT_TOP,
-    )
-    run = client.run(ask)
-    failed = [r.error for r in run.requests if not r.ok]
-    if failed:
-        problems.append(f"fingerprint: {failed[0]}")
-    answers = tuple(r.logprobs or () for r in run.requests if r.ok)
-    fingerprint = answers if len(answers) == len(FINGERPRINT) and all(answers) else None
+    fingerprint, problem = take_fingerprint(access, model, client, timeout_s)
+    problems += [problem] if problem else []
     return ServerFacts(
         url=access.endpoint.url,
         model=model,
