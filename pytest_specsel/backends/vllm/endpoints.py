@@ -19,6 +19,7 @@ import os
 import ssl
 from collections.abc import Mapping
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,10 +30,12 @@ from pytest_specsel.core.endpoints import Endpoint
 from pytest_specsel.core.endpoints import EndpointError
 from pytest_specsel.core.endpoints import ServerFacts
 from pytest_specsel.core.measurement import TokenLogprob
+from pytest_specsel.core.placement import DeviceFootprint
 from pytest_specsel.core.protocol import ReplaySpec
+from pytest_specsel.core.protocol import ServeCommand
 from pytest_specsel.core.workloads import Prompt
 
-__all__ = ["FINGERPRINT", "EndpointAccess", "page_facts", "read_facts", "take_fingerprint"]
+__all__ = ["FINGERPRINT", "EndpointAccess", "EndpointServer", "page_facts", "read_facts", "take_fingerprint"]
 
 #: what the fingerprint asks (temperature 0, concurrency 1, top log-probabilities)
 FINGERPRINT = (
@@ -212,3 +215,52 @@ def read_facts(access: EndpointAccess, model: str, client: HttpBenchClient, time
         fingerprint=fingerprint,
         problems=tuple(problems),
     )
+
+
+class EndpointServer:
+    """:class:`~pytest_specsel.core.protocol.ServerHandle` of a server this run did not start."""
+
+    def __init__(self, name: str, access: EndpointAccess, facts: ServerFacts | None, log_path: Path) -> None:
+        self.name, self.access, self.facts = name, access, facts
+        self.base_url = access.endpoint.url
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("a", encoding="utf-8") as log:
+            log.write(f"specsel: {name}: deployed endpoint {self.base_url}; nothing started by this run\n")
+            if facts is not None:
+                for key, value in facts.as_json().items():
+                    log.write(f"specsel: {name}: {key} = {value}\n")
+
+    @property
+    def command(self) -> ServeCommand | None:
+        return None  # someone else's deployment: its command is theirs
+
+    def pids(self) -> list[int]:
+        return []
+
+    @property
+    def stopped_pids(self) -> tuple[int, ...]:
+        return ()
+
+    @property
+    def footprint(self) -> DeviceFootprint | None:
+        return None
+
+    def kv_cache_tokens(self) -> int | None:
+        return self.facts.kv_tokens if self.facts is not None else None
+
+    def held_devices(self) -> tuple[list[Any], str]:
+        return [self.base_url], "endpoint"
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(encoding="utf-8").splitlines()[-lines:])
+
+    def stop(self) -> None:
+        with self.log_path.open("a", encoding="utf-8") as log:
+            log.write(f"specsel: {self.name}: measuring done; the endpoint is left running\n")
+
+    def sleep(self) -> None:
+        raise NotImplementedError("specsel: a deployed endpoint is not put to sleep")
+
+    def wake(self) -> None:
+        return None

@@ -11,14 +11,13 @@ import threading
 import time
 from collections.abc import Mapping
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from pytest_specsel.backends.vllm.client import HttpBenchClient
 from pytest_specsel.backends.vllm.client import Retry
 from pytest_specsel.backends.vllm.endpoints import EndpointAccess
+from pytest_specsel.backends.vllm.endpoints import EndpointServer
 from pytest_specsel.backends.vllm.endpoints import read_facts
 from pytest_specsel.backends.vllm.endpoints import take_fingerprint
 from pytest_specsel.backends.vllm.launcher import TELEMETRY_ORIGIN
@@ -40,68 +39,18 @@ from pytest_specsel.core.protocol import BackendBundle
 from pytest_specsel.core.protocol import Capability
 from pytest_specsel.core.protocol import LaunchError
 from pytest_specsel.core.protocol import LaunchSpec
-from pytest_specsel.core.protocol import ServeCommand
 from pytest_specsel.core.protocol import ServerHandle
 from pytest_specsel.core.records import Device
 from pytest_specsel.core.study import Candidate
 from pytest_specsel.core.study import Study
 
-__all__ = ["EndpointScraper", "EndpointServer", "make_endpoint_backend", "sum_counters"]
+__all__ = ["EndpointScraper", "make_endpoint_backend", "sum_counters"]
 
 #: the counters are read every ``SETTLE_S`` until two reads agree, at most ``SETTLE_TIMEOUT_S``
 SETTLE_S = 0.25
 SETTLE_TIMEOUT_S = 10.0
 #: fingerprints taken at most, per candidate, until one agrees with the baseline's
 FINGERPRINT_TRIES = 3
-
-
-class EndpointServer:
-    """:class:`~pytest_specsel.core.protocol.ServerHandle` of a server this run did not start."""
-
-    def __init__(self, name: str, access: EndpointAccess, facts: ServerFacts | None, log_path: Path) -> None:
-        self.name, self.access, self.facts = name, access, facts
-        self.base_url = access.endpoint.url
-        self.log_path = log_path
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("a", encoding="utf-8") as log:
-            log.write(f"specsel: {name}: deployed endpoint {self.base_url}; nothing started by this run\n")
-            if facts is not None:
-                for key, value in facts.as_json().items():
-                    log.write(f"specsel: {name}: {key} = {value}\n")
-
-    @property
-    def command(self) -> ServeCommand | None:
-        return None  # someone else's deployment: its command is theirs
-
-    def pids(self) -> list[int]:
-        return []
-
-    @property
-    def stopped_pids(self) -> tuple[int, ...]:
-        return ()
-
-    @property
-    def footprint(self) -> DeviceFootprint | None:
-        return None
-
-    def kv_cache_tokens(self) -> int | None:
-        return self.facts.kv_tokens if self.facts is not None else None
-
-    def held_devices(self) -> tuple[list[Any], str]:
-        return [self.base_url], "endpoint"
-
-    def log_tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log_path.read_text(encoding="utf-8").splitlines()[-lines:])
-
-    def stop(self) -> None:
-        with self.log_path.open("a", encoding="utf-8") as log:
-            log.write(f"specsel: {self.name}: measuring done; the endpoint is left running\n")
-
-    def sleep(self) -> None:
-        raise NotImplementedError("specsel: a deployed endpoint is not put to sleep")
-
-    def wake(self) -> None:
-        return None
 
 
 def sum_counters(reads: Sequence[ServerCounters]) -> ServerCounters:
