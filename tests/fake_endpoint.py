@@ -51,6 +51,8 @@ class Knobs:
     replicas: int = 1
     #: extra requests the counters count that this client never sent (another client)
     phantom_requests: int = 0
+    #: a DCGM-style framebuffer gauge per GPU, in MiB (empty: none exported)
+    fb_used_mib: tuple[float, ...] = ()
 
 
 class FakeEndpoint:
@@ -90,6 +92,8 @@ class FakeEndpoint:
             f'vllm:generation_tokens_total{{model_name="m"}} {c.generation_tokens}',
             "# TYPE vllm:cache_config_info gauge",
             'vllm:cache_config_info{block_size="16",num_gpu_blocks="100"} 1.0',
+            *(["# TYPE DCGM_FI_DEV_FB_USED gauge"] if self.knobs.fb_used_mib else []),
+            *(f'DCGM_FI_DEV_FB_USED{{gpu="{i}"}} {v}' for i, v in enumerate(self.knobs.fb_used_mib)),
         ]
         if k:
             lines += [

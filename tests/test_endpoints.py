@@ -175,7 +175,12 @@ WIDE = "max_ttft_regression_ratio = 1000.0\nmax_e2e_p95_regression_ratio = 50.0\
 
 
 def _study(
-    base: str, cand: str, extra: str = "", gates: str = WIDE + "memory_gate = false", cand_extra: str = ""
+    base: str,
+    cand: str,
+    extra: str = "",
+    gates: str = WIDE + "memory_gate = false",
+    cand_extra: str = "",
+    base_extra: str = "",
 ) -> str:
     disabled = "".join(
         f"[specsel.strategies.{g}]\nenabled = false\n"
@@ -203,6 +208,7 @@ num_speculative_tokens = 3
 [specsel.strategies.g0_target_only.endpoint]
 url = "{base}"
 api_key_env = "SPECSEL_TEST_KEY"
+{base_extra}
 [specsel.strategies.g1_ngram.endpoint]
 url = "{cand}"
 api_key_env = "SPECSEL_TEST_KEY"
@@ -354,6 +360,18 @@ class TestRemoteRun:
         assert scenario["memory"] is None or scenario["memory"]["measured"] == "not_measured_remote"
         assert "peak_memory_mb" in scenario["evidence"]["missing_evidence"]
         assert scenario["decision"]["verdict"] == "tune"
+
+    def test_memory_is_read_from_the_gauge_the_study_names(self, remote, pytester):
+        gauge = 'memory_metric = "DCGM_FI_DEV_FB_USED"'
+        base = Knobs(api_key=KEY, token_s=0.006, fb_used_mib=(2000.0,))
+        cand = Knobs(api_key=KEY, k=3, token_s=0.001, fb_used_mib=(3000.0, 2500.0))
+        with FakeEndpoint(base) as b, FakeEndpoint(cand) as c:
+            study = _study(b.url, c.url, gates=WIDE, cand_extra=gauge, base_extra=gauge)
+            remote(study, "--specsel-label", "gauge")
+        scenario = _scenario(_doc(pytester, "gauge", "handoff"))
+        assert scenario["memory"]["measured"] == "prometheus:DCGM_FI_DEV_FB_USED"
+        assert scenario["peak_memory_mb"] == 5500.0 and scenario["memory"]["samples"] >= 1
+        assert "peak_memory_mb" not in scenario["evidence"]["missing_evidence"]
 
     def test_a_plan_lists_verified_and_declared_fields_and_sends_no_measured_traffic(self, remote):
         with (
