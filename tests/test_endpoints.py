@@ -24,6 +24,7 @@ from pytest_specsel.study.file import StudyError
 from pytest_specsel.study.file import study_from_mapping
 from tests.fake_endpoint import FakeEndpoint
 from tests.fake_endpoint import Knobs
+from tests.test_plugin import CANDIDATE_TEST
 
 KEY = "sk-specsel-test-4f1d9a7c2b"
 
@@ -161,13 +162,6 @@ class TestStudyTable:
 
 
 # -- whole runs against fake endpoints ---------------------------------------------------
-
-CANDIDATE_TEST = """
-import pytest
-pytestmark = pytest.mark.specsel
-def test_candidate(specsel_case):
-    specsel_case.check()
-"""
 
 
 #: the plumbing is under test here, not the gates: two pairs decide a 3x speedup with wide budgets

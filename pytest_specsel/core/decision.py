@@ -109,14 +109,9 @@ def decide(evidence: PairEvidence, thresholds: Thresholds) -> Decision:
 def thresholds_from_mapping(data: Mapping[str, Any]) -> Thresholds:
     """Read the seed's threshold keys; a missing key keeps the contract default."""
     default = Thresholds()
-    return Thresholds(
-        **{
-            f.name: bool(data.get(f.name, True))
-            if f.name == "memory_gate"
-            else float(data.get(f.name, getattr(default, f.name)))
-            for f in dataclasses.fields(Thresholds)
-        }
-    )
+    values = {f.name: data.get(f.name, getattr(default, f.name)) for f in dataclasses.fields(Thresholds)}
+    # each key as its default's type: the gates' figures are floats, a switch (memory_gate) a bool
+    return Thresholds(**{k: type(getattr(default, k))(v) for k, v in values.items()})
 
 
 def decide_speculative_candidate(

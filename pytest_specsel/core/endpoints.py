@@ -226,17 +226,18 @@ def fingerprints_agree(
 
 def identity_of(
     declared: Mapping[str, Any],
-    baseline: ServerFacts,
+    baseline: ServerFacts | None,
     facts: ServerFacts,
     epsilon: float,
     trusted: bool = False,
 ) -> Identity:
-    """Each identity field of one endpoint against the baseline's: the target (fingerprint),
-    the proposal length (per-position counter), the served model and its length (``/v1/models``),
-    the backend version (``/version``: told, so declared). ``declared`` holds what the study
-    says: ``target``, ``num_speculative_tokens`` (None for target-only), ``model``."""
+    """Each identity field of one endpoint against the baseline's (``baseline`` None: this is
+    the baseline itself): the target (fingerprint), the proposal length (per-position
+    counter), the served model and its length (``/v1/models``), the backend version
+    (``/version``: told, so declared). ``declared`` holds what the study says: ``target``,
+    ``num_speculative_tokens`` (None for target-only), ``model``."""
     fields = []
-    if facts is baseline:
+    if baseline is None:
         fields.append(IdentityField("target", declared.get("target"), Status.DECLARED, "the baseline itself"))
     else:
         same, how = fingerprints_agree(baseline.fingerprint, facts.fingerprint, epsilon)

@@ -357,8 +357,9 @@ def pool_rounds(
     memories = [r.memory for r in rounds if r.memory is not None and r.memory.peak_mb is not None]
     memory = max(memories, key=lambda m: m.peak_mb or 0.0) if memories else None
     if memory is None:  # no figure: the reading that says why (e.g. ``not_measured_remote``)
-        return figures, _pooled_telemetry(rounds), next((r.memory for r in rounds if r.memory), None)
-    memory = dataclasses.replace(memory, samples=sum(m.samples for m in memories))
+        memory = next((r.memory for r in rounds if r.memory), None)
+    else:
+        memory = dataclasses.replace(memory, samples=sum(m.samples for m in memories))
     return figures, _pooled_telemetry(rounds), memory
 
 

@@ -285,6 +285,11 @@ class Study:
     aa_equivalence_margin: float = 0.05
 
     @property
+    def baseline(self) -> Candidate:
+        """G0: the track's target-only baseline."""
+        return next(c for c in self.candidates if c.is_baseline)
+
+    @property
     def rate_cap(self) -> int:
         """The cap on requests in flight in a rate scenario."""
         return self.rate_max_concurrency or max(self.concurrency, default=1)

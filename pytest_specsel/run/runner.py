@@ -369,7 +369,7 @@ class Selection:
 
 
 def baseline_name(study: Study) -> str:
-    return next(c.name for c in study.candidates if c.is_baseline)
+    return study.baseline.name
 
 
 def track_server(study: Study, track: str) -> str:

@@ -7,7 +7,7 @@ memory is read from a Prometheus gauge the study names, else it is ``not_measure
 from __future__ import annotations
 
 import dataclasses
-import threading
+import os
 import time
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -22,6 +22,7 @@ from pytest_specsel.backends.vllm.endpoints import read_facts
 from pytest_specsel.backends.vllm.endpoints import take_fingerprint
 from pytest_specsel.backends.vllm.launcher import TELEMETRY_ORIGIN
 from pytest_specsel.backends.vllm.launcher import speculative_config_json
+from pytest_specsel.backends.vllm.telemetry import PeakSampler
 from pytest_specsel.backends.vllm.telemetry import parse_server_counters
 from pytest_specsel.core.endpoints import EndpointError
 from pytest_specsel.core.endpoints import ServerFacts
@@ -123,20 +124,18 @@ class EndpointScraper:
             last = now
 
 
-class RemoteMemorySampler:
+class RemoteMemorySampler(PeakSampler):
     """Peak of a Prometheus gauge of the server's device memory (MiB, summed over the pages'
     samples of that name: e.g. the DCGM exporter's ``DCGM_FI_DEV_FB_USED`` per GPU), polled over
     the window; with no gauge named, no figure: ``not_measured_remote``."""
 
     def __init__(self, access: Mapping[str, EndpointAccess], interval_s: float = 1.0) -> None:
-        self._access, self._interval = access, interval_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._peak: float | None = None
-        self._samples = 0
+        super().__init__(interval_s)
+        self._access = access
         self._metric: str | None = None
 
-    def _read(self, access: EndpointAccess) -> float | None:
+    @staticmethod
+    def _gauge(access: EndpointAccess) -> float | None:
         e = access.endpoint
         total, seen = 0.0, False
         for url in (e.memory_url,) if e.memory_url else e.metrics:
@@ -149,33 +148,17 @@ class RemoteMemorySampler:
                         total, seen = total + sample.value, True
         return total if seen else None
 
-    def _loop(self, access: EndpointAccess) -> None:
-        while not self._stop.is_set():
-            try:
-                value = self._read(access)
-            except Exception:
-                value = None  # a missed poll is no reading, never 0
-            if value is not None:
-                self._samples += 1
-                self._peak = value if self._peak is None else max(self._peak, value)
-            self._stop.wait(self._interval)
-
     def start(self, handle: ServerHandle) -> None:
         access = self._access[handle.base_url]
         self._metric = access.endpoint.memory_metric
         if self._metric is not None:
-            self._thread = threading.Thread(
-                target=self._loop, args=(access,), name="specsel-remote-memory", daemon=True
-            )
-            self._thread.start()
+            self.measured = f"prometheus:{self._metric}"
+            self._begin(lambda: self._gauge(access))
 
     def stop(self) -> MemoryReading:
         if self._metric is None:
             return MemoryReading(None, "not_measured_remote", 0)
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        return MemoryReading(self._peak, f"prometheus:{self._metric}", self._samples)
+        return super().stop()
 
 
 class EndpointProber:
@@ -184,29 +167,23 @@ class EndpointProber:
 
     def __init__(self, study: Study, access: Mapping[str, EndpointAccess], client: HttpBenchClient) -> None:
         self._study, self._access, self._client = study, access, client
+        #: per candidate name with an endpoint, the model name it is asked for
+        self._models = {n: a.endpoint.model or study.served_name for n, a in access.items()}
+        self._epsilon = near_tie_epsilon(study.backend.dtype, study.parity_epsilon)
         #: per candidate name, what its endpoint told
         self.facts: dict[str, ServerFacts] = {}
-
-    def _baseline(self) -> Candidate:
-        return next(c for c in self._study.candidates if c.is_baseline)
 
     def probe(self) -> Capability:
         """:raises EndpointError: an endpoint unreachable, refusing, not serving its model,
         missing, or a baseline that speculates; before any round."""
         study = self._study
-        for candidate in study.candidates:
-            if not candidate.enabled:
-                continue
-            endpoint = candidate.endpoint
-            assert endpoint is not None  # make_endpoint_backend refused a study without
-            model = endpoint.model or study.served_name
-            self.facts[candidate.name] = read_facts(
-                self._access[candidate.name], model, self._client, study.backend.request_timeout_s
-            )
+        timeout = study.backend.request_timeout_s
+        for name, access in self._access.items():
+            self.facts[name] = read_facts(access, self._models[name], self._client, timeout)
         self._settle_fingerprints()
-        base = self.facts[self._baseline().name]
+        base = self.facts[study.baseline.name]
         if base.spec_counters:
-            e = self._baseline().endpoint
+            e = study.baseline.endpoint
             assert e is not None
             raise EndpointError(
                 f"specsel: {e.where}: {e.key}: {e.url} exports spec-decode counters: it speculates and "
@@ -229,43 +206,36 @@ class EndpointProber:
         """A fingerprint that disagrees with the baseline's is taken again on both sides, up to
         ``FINGERPRINT_TRIES`` times in all: a shared server batches the fixed prompts with other
         clients' requests, and a batch can move a near tie; a target differs on every try."""
-        study, g0 = self._study, self._baseline().name
-        epsilon = near_tie_epsilon(study.backend.dtype, study.parity_epsilon)
+        g0, timeout = self._study.baseline.name, self._study.backend.request_timeout_s
         for name, facts in list(self.facts.items()):
             for _ in range(FINGERPRINT_TRIES - 1):
                 base = self.facts[g0]
                 if (
                     name == g0
-                    or fingerprints_agree(base.fingerprint, facts.fingerprint, epsilon)[0] is not False
+                    or fingerprints_agree(base.fingerprint, facts.fingerprint, self._epsilon)[0] is not False
                 ):
                     break
-                timeout = study.backend.request_timeout_s
-                model = {
-                    n: (c.endpoint.model if c.endpoint else None) or study.served_name
-                    for n, c in self._named()
-                }
                 again = {
-                    n: take_fingerprint(self._access[n], model[n], self._client, timeout)[0]
+                    n: take_fingerprint(self._access[n], self._models[n], self._client, timeout)[0]
                     for n in (g0, name)
                 }
                 self.facts[g0] = dataclasses.replace(base, fingerprint=again[g0])
                 facts = self.facts[name] = dataclasses.replace(facts, fingerprint=again[name])
 
-    def _named(self) -> list[tuple[str, Candidate]]:
-        return [(c.name, c) for c in self._study.candidates]
-
     def inspect(self, study: Study, candidate: Candidate, capability: Capability) -> AssetFacts:
         facts = self.facts.get(candidate.name)
         if facts is None:  # disabled: admission skips it before it reads anything of this
             return AssetFacts(None, None, None, None, False, False, False, None, None)
-        base = self.facts[self._baseline().name]
+        endpoint = candidate.endpoint
+        assert endpoint is not None
+        base = self.facts[study.baseline.name]
         declared = {
             "target": study.target_model,
             "num_speculative_tokens": None if candidate.target_only else candidate.num_speculative_tokens,
-            "model": (candidate.endpoint.model if candidate.endpoint else None) or study.served_name,
+            "model": self._models[candidate.name],
         }
-        epsilon = near_tie_epsilon(study.backend.dtype, study.parity_epsilon)
-        identity = identity_of(declared, base, facts, epsilon, study.trust_declared_identity)
+        theirs = None if candidate.is_baseline else base
+        identity = identity_of(declared, theirs, facts, self._epsilon, study.trust_declared_identity)
         target = identity.field("target")
         assert target is not None
         snapshot = f"declared:{base.root or study.target_model}"
@@ -280,8 +250,6 @@ class EndpointProber:
             problem = (
                 f"vllm {facts.version} at {facts.url} < {candidate.min_backend_version} (min_backend_version)"
             )
-        endpoint = candidate.endpoint
-        assert endpoint is not None
         return AssetFacts(
             target_path=study.target_model,
             target_snapshot=snapshot,
@@ -310,8 +278,8 @@ class EndpointProber:
 class EndpointLauncher:
     """Starts nothing: hands out the handle of the endpoint a server name was declared at."""
 
-    def __init__(self, study: Study, access: Mapping[str, EndpointAccess], prober: EndpointProber) -> None:
-        self._study, self._access, self._prober = study, access, prober
+    def __init__(self, access: Mapping[str, EndpointAccess], prober: EndpointProber) -> None:
+        self._access, self._prober = access, prober
 
     def start(self, spec: LaunchSpec) -> EndpointServer:
         access = self._access.get(spec.name)
@@ -335,11 +303,9 @@ def make_endpoint_backend(study: Study, environ: Mapping[str, str] | None = None
             f"{', '.join(missing)} have none: add [specsel.strategies.<name>.endpoint] url = ... (or "
             "[specsel.candidates.<name>.endpoint]) or set enabled = false"
         )
-    env = dict(environ) if environ is not None else None
+    env = os.environ if environ is None else environ
     access = {
-        c.name: EndpointAccess.of(c.endpoint, env) if env is not None else EndpointAccess.of(c.endpoint)
-        for c in study.candidates
-        if c.enabled and c.endpoint is not None
+        c.name: EndpointAccess.of(c.endpoint, env) for c in study.candidates if c.enabled and c.endpoint
     }
     by_url = {a.endpoint.url: a for a in access.values()}
     client = HttpBenchClient(session=lambda url: by_url[url.rstrip("/")].aiohttp_session(), retry=Retry())
@@ -347,7 +313,7 @@ def make_endpoint_backend(study: Study, environ: Mapping[str, str] | None = None
     return BackendBundle(
         name="endpoints",
         prober=prober,
-        launcher=EndpointLauncher(study, access, prober),
+        launcher=EndpointLauncher(access, prober),
         client=client,
         scraper=EndpointScraper(by_url),
         memory=lambda: RemoteMemorySampler(by_url),

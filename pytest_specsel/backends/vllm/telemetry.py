@@ -30,6 +30,7 @@ from pytest_specsel.core.protocol import ServerHandle
 __all__ = [
     "parse_server_counters",
     "NvmlMemorySampler",
+    "PeakSampler",
     "PrometheusScraper",
     "ProcessTreeRssSampler",
     "parse_spec_counters",
@@ -129,7 +130,7 @@ class PrometheusScraper:
             return parse_server_counters(response.text)
 
 
-class _Sampler:
+class PeakSampler:
     """Samples a reading function on a thread and keeps the peak."""
 
     measured = "unknown"
@@ -175,7 +176,7 @@ class _Sampler:
         return MemoryReading(self._peak, self.measured, self._samples, self._baseline)
 
 
-class ProcessTreeRssSampler(_Sampler):
+class ProcessTreeRssSampler(PeakSampler):
     """Peak summed RSS (MB) of the server's processes and all their children (CPU)."""
 
     measured = "cpu_rss_server_process_tree"
@@ -202,7 +203,7 @@ def _sum_rss(procs: Iterable[object]) -> float:
     return total / (1024 * 1024)
 
 
-class NvmlMemorySampler(_Sampler):
+class NvmlMemorySampler(PeakSampler):
     """Peak device memory (MB) of the server's own processes on one GPU of its slot, through
     NVML (``nvidia-ml-py``): per device, the compute processes whose PID is in the server's
     process tree, summed; the reading is the largest device's (the budget, like the capacity
