@@ -140,6 +140,18 @@ def test_latency_minus_ttft_is_the_sum_of_inter_token_latencies(server):
     assert r.output_tokens == 4 and r.tpot_ms == pytest.approx(200.0 / 3)
 
 
+def test_the_prompt_as_the_server_tokenized_it_is_kept_and_its_chunk_is_not_the_first_token(server):
+    """vLLM sends the prompt's ids once, in the first (role) chunk, with return_token_ids: an
+    offline agreement check reads the exact prompt the server saw from them."""
+    role = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+    role["prompt_token_ids"] = [1, 9, 9, 2]
+    body = sse(role, content("A", [5]), content("B", [6], "stop"), usage(2))
+    clock = ScriptedClock([10.0, 10.3, 10.4, 10.4])  # start, A, B, usage: the role chunk is not timed
+    r = _one(server, body, clock)
+    assert r.prompt_token_ids == (1, 9, 9, 2) and r.token_ids == (5, 6)
+    assert r.ttft_ms == pytest.approx(300.0)
+
+
 def test_a_usage_chunk_after_the_last_token_extends_e2e_by_its_gap(server):
     body = sse(content("A", [1]), content("B", [2], "stop"), usage(2))
     r = _one(server, body, ScriptedClock([0.0, 0.1, 0.3, 0.35]))

@@ -1,7 +1,5 @@
-"""Measurement records: per-request timings, scenario figures, telemetry, memory.
-
-Raw timings come first; every figure derives from them by a pure function: recomputable from the raw JSON.
-"""
+"""Measurement records: per-request timings, scenario figures, telemetry, memory. Raw timings come
+first; every figure derives from them by a pure function: recomputable from the raw JSON."""
 
 from __future__ import annotations
 
@@ -65,6 +63,8 @@ class RequestRecord:
     prompt_tokens: int | None
     output_tokens: int | None
     token_ids: tuple[int, ...] | None = None
+    #: the prompt as the server tokenized it, chat template applied (an offline check's input)
+    prompt_token_ids: tuple[int, ...] | None = None
     finish_reason: str | None = None
     error: str | None = None
     #: per generated token, when asked for (the parity pass only; never in timed rounds)

@@ -258,6 +258,37 @@ def build_dflash(
     return _publish(staging, out, facts)
 
 
+def early_exit_model(target: Path, layers: int) -> Any:
+    """The target's first ``layers`` decoder layers, its final norm and tied head, in memory
+    (float32): a draft model by early exit, untrained (the toy draft's starting point)."""
+    import torch
+    import transformers
+
+    full = transformers.AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    config = transformers.AutoConfig.from_pretrained(target)
+    config.num_hidden_layers = layers
+    draft = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]
+    missing, _ = draft.load_state_dict(full.state_dict(), strict=False)
+    if [k for k in missing if k != "lm_head.weight"]:
+        raise RuntimeError(f"specsel: the early-exit draft lost weights {missing}")
+    draft.tie_weights()
+    return draft
+
+
+def build_early_exit_draft(target: Path, out: Path, layers: int) -> Path:
+    """Write :func:`early_exit_model` as a ``draft_model`` checkpoint into ``out``; return ``out``."""
+    staging = _stage(out)
+    early_exit_model(target, layers).save_pretrained(staging, safe_serialization=True)
+    selftext.copy_tokenizer(target, staging)
+    facts = {
+        "kind": "early-exit-draft",
+        "layers": layers,
+        "target": str(target),
+        "quality": "structural: untrained; its acceptance says nothing about draft models",
+    }
+    return _publish(staging, out, facts)
+
+
 def mtp_target_variant(target: Path, out: Path) -> Path:
     """The target declaring one MTP layer: config.json plus ``num_nextn_predict_layers: 1``,
     every other file a symlink to the target's. Serve it as ``--model`` with method mtp."""

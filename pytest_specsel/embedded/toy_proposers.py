@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_specsel.embedded import selftext
+from pytest_specsel.embedded import structural_proposers
 from pytest_specsel.embedded.progress import Progress
 from pytest_specsel.embedded.recipe import Recipe
 
@@ -62,17 +63,9 @@ def train_draft(target: Path, text: selftext.SelfText, recipe: Recipe, out: Path
     """The target's first ``recipe.layers`` layers, its final norm and (tied, frozen) head,
     trained on next-token cross-entropy over the target's answers."""
     import torch
-    import transformers
 
     torch.manual_seed(recipe.seed)
-    full = transformers.AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
-    config = transformers.AutoConfig.from_pretrained(target)
-    config.num_hidden_layers = recipe.layers
-    draft = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]
-    missing, _ = draft.load_state_dict(full.state_dict(), strict=False)
-    if [k for k in missing if k != "lm_head.weight"]:
-        raise RuntimeError(f"specsel: draft model lost weights {missing}")
-    draft.tie_weights()
+    draft = structural_proposers.early_exit_model(target, recipe.layers)
     draft.model.embed_tokens.weight.requires_grad_(False)  # tied head: the target's vocabulary
     train_rows = slice(recipe.held_out, None)
     tokens, answer, real = text.tokens[train_rows], text.answer[train_rows], text.real[train_rows]
@@ -126,8 +119,6 @@ def _target_snapshot(target: Path) -> str:
 def _structural_dflash(target: Path, out: Path, snapshot: str, seed: int = 0) -> Path:
     """The untrained, structurally valid DFlash drafter (``structural_proposers``), built once
     per target snapshot and seed; nothing to train, so no self-generated text is needed."""
-    from pytest_specsel.embedded import structural_proposers
-
     key = json.dumps({"kind": "dflash-structural", "seed": seed, "target": snapshot}, sort_keys=True)
     if _cached(out, key) is not None:
         print(f"specsel: toy dflash proposer reused: {out}")

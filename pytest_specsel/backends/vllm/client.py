@@ -116,6 +116,7 @@ class _Stream:
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprob] = []
         self.got_ids = False
+        self.prompt_ids: tuple[int, ...] | None = None
         self.usage: dict[str, Any] = {}
         self.finish: str | None = None
 
@@ -124,6 +125,8 @@ class _Stream:
         if chunk.get("usage"):
             self.usage = chunk["usage"]
             self.last_event = clock()
+        if chunk.get("prompt_token_ids") is not None:  # the first chunk, with return_token_ids
+            self.prompt_ids = tuple(chunk["prompt_token_ids"])
         for choice in chunk.get("choices") or ():
             delta = (choice.get("delta") or {}).get("content") or ""
             self.logprobs.extend(_token_logprobs(choice.get("logprobs")))
@@ -158,6 +161,7 @@ class _Stream:
             prompt_tokens=self.usage.get("prompt_tokens"),
             output_tokens=self.usage.get("completion_tokens"),
             token_ids=tuple(self.token_ids) if self.got_ids else None,
+            prompt_token_ids=self.prompt_ids,
             logprobs=tuple(self.logprobs) if self.logprobs else None,
             finish_reason=self.finish,
             error=error,
