@@ -93,6 +93,25 @@ def test_methods_this_install_cannot_run_are_unsupported_with_the_reason(candida
     assert not ok and needle in why
 
 
+def test_suffix_unsupported_names_the_build_to_run_when_none_was_tried():
+    problems = _method_problems({"has_triton": True, "modules": {"arctic_inference": False}}, "0.32.0+cpu")
+    assert "bash scripts/build-arctic-inference.sh" in problems["suffix"] and "0.1.1" in problems["suffix"]
+
+
+def test_suffix_unsupported_names_the_step_a_failed_build_stopped_at_and_its_decisive_lines():
+    record = {
+        "status": "failed",
+        "version": "0.1.1",
+        "step": "build arctic-inference==0.1.1 from source",
+        "decisive": ["CMake Error at CMakeLists.txt:30 (find_package): nanobind not found"],
+        "log": "/repo/.specsel/arctic-inference-build.log",
+    }
+    data = {"modules": {"arctic_inference": False}, "builds": {"arctic-inference": record}}
+    why = _method_problems(data, "0.32.0+cpu")["suffix"]
+    assert "failed at step 'build arctic-inference==0.1.1 from source'" in why
+    assert "CMake Error at CMakeLists.txt:30" in why and "/repo/.specsel/arctic-inference-build.log" in why
+
+
 def test_with_triton_and_arctic_inference_nothing_is_ruled_out():
     assert _method_problems({"has_triton": True, "modules": {"arctic_inference": True}}, "0.32.0") == {}
     ok, _ = backend_gate(Candidate("g4_dflash", True, "dflash"), _capability({}))

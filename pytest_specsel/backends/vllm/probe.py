@@ -24,6 +24,10 @@ __all__ = ["ENV_VLLM", "BackendCheckError", "mtp_target_problem", "probe_vllm", 
 V2_ONLY_METHODS = ("dspark",)
 #: Python modules a method needs inside vLLM's interpreter, and the package that has them
 METHOD_MODULES = {"suffix": ("arctic_inference", "arctic-inference")}
+#: how such a package is built where the registry has no wheel: the script, the version it
+#: pins (vLLM 0.32's own: config/speculative.py), and its record in vLLM's interpreter's
+#: prefix (``.specsel-build-<package>.json``: status, the step that failed, decisive lines)
+PACKAGE_BUILDS = {"arctic-inference": ("scripts/build-arctic-inference.sh", "0.1.1")}
 
 #: names the vllm executable to use (else the one beside this interpreter, else PATH)
 ENV_VLLM = "SPECSEL_VLLM"
@@ -66,6 +70,13 @@ except Exception as exc:
     out["error"] = f"{type(exc).__name__}: {exc}"
 import importlib.util
 out["modules"] = {m: importlib.util.find_spec(m) is not None for m in ("arctic_inference",)}
+def build(package):
+    try:
+        with open(os.path.join(sys.prefix, f".specsel-build-{package}.json")) as f:
+            return json.load(f)
+    except Exception:
+        return None
+out["builds"] = {p: build(p) for p in ("arctic-inference",)}
 try:
     import torch
     out["torch"] = torch.__version__
@@ -134,6 +145,21 @@ def _driver_version() -> str | None:
         return None
 
 
+def _build_advice(package: str, record: dict[str, Any] | None) -> str:
+    """Why the package is missing, in the words of its last build (the failing step and the
+    build log's decisive lines), else how to build it."""
+    script, pin = PACKAGE_BUILDS.get(package, (None, None))
+    if record and record.get("status") == "failed":
+        lines = "; ".join(record.get("decisive") or ()) or "no error line in the log"
+        return (
+            f"its build ({package} {record.get('version')}) failed at step '{record.get('step')}': "
+            f"{lines} (log {record.get('log')})"
+        )
+    if script is None:
+        return f"pip install {package}"
+    return f"the registry has no wheel of {pin} here: build it with bash {script} (from source, not set-up's)"
+
+
 def _method_problems(data: dict[str, Any], version: str | None) -> dict[str, str]:
     """Methods this install declares but cannot run here, and why (vLLM's words)."""
     problems: dict[str, str] = {}
@@ -148,10 +174,10 @@ def _method_problems(data: dict[str, Any], version: str | None) -> dict[str, str
     modules = data.get("modules") or {}
     for method, (module, package) in METHOD_MODULES.items():
         if modules.get(module) is False:
-            problems[method] = (
-                f"{name}'s {method} method needs the {package} package, which is not installed in "
-                f"{data.get('executable')} (pip install {package}; it may have no wheel for this platform)"
-            )
+            where = data.get("executable")
+            advice = _build_advice(package, (data.get("builds") or {}).get(package))
+            needs = f"{name}'s {method} method needs the {package} package"
+            problems[method] = f"{needs}, not installed in {where}: {advice}"
     return problems
 
 
