@@ -33,9 +33,15 @@ record() {  # record STATUS STEP: the outcome, with the log's decisive lines whe
 import json, re, sys
 status, step, version, log, out = sys.argv[1:]
 text = open(log, errors="replace").read().splitlines() if status == "failed" else []
-decisive = [l.strip() for l in text if re.search(r"(error|Error|ERROR|fatal|undefined reference)", l)]
+decisive = []
+for i, line in enumerate(text):
+    if "gRPC code" in line:  # the embedding service's step, harmless (see above)
+        continue
+    if re.search(r"(CMake Error|error:|Error:|fatal|undefined reference|No matching distribution)", line):
+        follow = [l.strip() for l in text[i + 1 : i + 4] if l.strip()][:2] if "CMake Error" in line else []
+        decisive.append(" ".join([line.strip(), *follow])[:300])
 json.dump({"package": "arctic-inference", "version": version, "status": status, "step": step,
-           "log": log, "decisive": decisive[:6]}, open(out, "w"), indent=2)
+           "log": log, "decisive": decisive[:4]}, open(out, "w"), indent=2)
 EOF
 }
 
@@ -52,7 +58,7 @@ echo "[arctic] $step"
 python -m pip install --quiet "nanobind==$NANOBIND" wheel >>"$LOG" 2>&1 || { record failed "$step"; cat "$RECORD"; exit 1; }
 step="build arctic-inference==$VERSION from source (--no-build-isolation, torch $(python -c 'import torch; print(torch.__version__)'))"
 echo "[arctic] $step"
-python -m pip install --no-build-isolation --no-deps --no-binary arctic-inference -v \
+python -m pip install --no-build-isolation --no-deps --no-binary arctic-inference --no-cache-dir -v \
   "arctic-inference==$VERSION" >>"$LOG" 2>&1 || { record failed "$step"; cat "$RECORD"; exit 1; }
 step="import arctic_inference.suffix_decoding"
 python -c 'from arctic_inference.suffix_decoding import SuffixDecodingCache' >>"$LOG" 2>&1 ||
