@@ -8,11 +8,17 @@ serve`` (aiohttp), in ABBA order (ours, theirs, theirs, ours, ...), each precede
 same warmup. Per round pair, the ratio ours / theirs of output throughput and of median
 TTFT; printed as the geometric mean with a 95 % t-interval over the pairs (the method of
 ``pytest_specsel.core.intervals``), so "we agree with vllm bench serve" is a measured interval.
+
+With ``--stagger-ms D`` the "theirs" side is our own client again, changing one thing: the
+opening wave's C requests are sent D ms apart instead of at once (every later request
+still waits for a free slot, as in closed loop). The ratio is then closed-loop / staggered,
+a measurement of what the opening wave's dispatch spacing alone does to the figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 from pathlib import Path
@@ -69,6 +75,15 @@ def _theirs(
     return float(result["output_throughput"]), float(result["median_ttft_ms"])
 
 
+def _staggered(replay: ReplaySpec, stagger_ms: float) -> ReplaySpec:
+    """The same round with the opening wave's requests sent ``stagger_ms`` apart; every later
+    request is due with the wave's last, so it queues for a slot behind it as in closed loop."""
+    c, n = replay.concurrency, len(replay.prompts) * replay.repeats
+    gap = stagger_ms / 1000.0
+    arrivals = tuple(i * gap for i in range(min(c, n))) + ((c - 1) * gap,) * max(0, n - c)
+    return dataclasses.replace(replay, arrivals=arrivals)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=None)
@@ -77,6 +92,9 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=4, help="round pairs (ours + theirs each)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/compare-vllm-bench"))
+    parser.add_argument(
+        "--stagger-ms", type=float, default=None, help="compare with our client, opening wave spaced"
+    )
     parser.add_argument(
         "--detailed", action="store_true", help="also per request: output tokens and TTFT by dataset position"
     )
@@ -120,11 +138,14 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             for pair in range(args.rounds):
                 for side in ("ours", "theirs") if pair % 2 == 0 else ("theirs", "ours"):
-                    if side == "ours":
-                        run = HttpBenchClient().run(replay)
+                    if side == "ours" or args.stagger_ms is not None:
+                        spaced = side == "theirs"
+                        run = HttpBenchClient().run(_staggered(replay, args.stagger_ms) if spaced else replay)
                         f = scenario_figures(run.requests, run.duration_s)
-                        ours.append((f.throughput_tokens_per_s or 0.0, f.get("ttft_p50_ms") or 0.0))
-                        ours_detail.append(
+                        (theirs if spaced else ours).append(
+                            (f.throughput_tokens_per_s or 0.0, f.get("ttft_p50_ms") or 0.0)
+                        )
+                        (theirs_detail if spaced and theirs_detail is not None else ours_detail).append(
                             {
                                 "output_lens": [r.output_tokens for r in run.requests],
                                 "ttft_ms": [r.ttft_ms for r in run.requests],
@@ -152,9 +173,9 @@ def main() -> int:
                     )
     finally:
         server.stop()
-    print(
-        f"{args.group} {args.workload}-c{args.concurrency}: ours / vllm bench serve over {args.rounds} pairs"
-    )
+    spaced_label = f"ours, opening wave {args.stagger_ms:g} ms apart"
+    other = "vllm bench serve" if args.stagger_ms is None else spaced_label
+    print(f"{args.group} {args.workload}-c{args.concurrency}: ours / {other} over {args.rounds} pairs")
     for label, i in (("output tok/s", 0), ("median TTFT", 1)):
         interval = paired_log_ratio_interval([o[i] for o in ours], [t[i] for t in theirs], 0.95)
         print(f"  {label:14s} ratio {interval.describe() if interval else 'n/a (fewer than 2 pairs)'}")
