@@ -303,6 +303,14 @@ class TestRemoteRun:
             result = remote(_study(b.url, c.url))
         assert result.ret == 4 and "cannot be the target-only baseline" in result.stderr.str()
 
+    def test_a_disabled_baseline_is_a_usage_error_not_a_crash(self, remote):
+        """Every endpoint is paired with G0's: without it there is nothing to measure against."""
+        with FakeEndpoint(Knobs(api_key=KEY)) as b, FakeEndpoint(Knobs(api_key=KEY, k=3)) as c:
+            result = remote(_study(b.url, c.url) + "[specsel.strategies.g0_target_only]\nenabled = false\n")
+        err = result.stderr.str()
+        assert result.ret == 4 and "KeyError" not in err + result.stdout.str()
+        assert "g0_target_only" in err and "must be enabled" in err and "specsel.toml" in err
+
     def test_an_endpoint_without_metrics_is_incomplete_and_says_so(self, remote, pytester):
         with (
             FakeEndpoint(Knobs(api_key=KEY)) as b,

@@ -294,8 +294,16 @@ class EndpointLauncher:
 def make_endpoint_backend(study: Study, environ: Mapping[str, str] | None = None) -> BackendBundle:
     """The bundle of a study whose enabled candidates are all deployed endpoints.
 
-    :raises EndpointError: an enabled candidate without an endpoint, or a variable it names unset.
+    :raises EndpointError: the baseline disabled, an enabled candidate without an endpoint, or a
+        variable it names unset.
     """
+    base = study.baseline
+    if not base.enabled:
+        raise EndpointError(
+            f"specsel: {study.source}: with --specsel-remote the target-only baseline {base.name} must be "
+            "enabled with an endpoint: every candidate endpoint is measured against it; remove "
+            f"enabled = false from [specsel.strategies.{base.name}] and give it an endpoint url"
+        )
     missing = [c.name for c in study.candidates if c.enabled and c.endpoint is None]
     if missing:
         raise EndpointError(
