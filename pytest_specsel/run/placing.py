@@ -31,6 +31,7 @@ __all__ = [
     "device_split",
     "launch_plan",
     "skip_runnable",
+    "track_server",
 ]
 
 
@@ -128,3 +129,13 @@ def device_split(
         speculative,
         bool(cap.kv_cache_memory_bytes),
     )
+
+
+def track_server(study: Study, track: str) -> str:
+    """The name of a track's baseline server: G0's, or ``<G0>@<track>`` for a second track."""
+    g0 = study.baseline.name
+    return g0 if track == study.target_model else f"{g0}@{_slug(track)}"
+
+
+def _slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in text)[-60:]

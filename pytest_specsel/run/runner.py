@@ -53,6 +53,7 @@ from pytest_specsel.run.placing import device_lines
 from pytest_specsel.run.placing import device_split
 from pytest_specsel.run.placing import launch_plan
 from pytest_specsel.run.placing import skip_runnable
+from pytest_specsel.run.placing import track_server
 from pytest_specsel.run.preflight import Preflight
 from pytest_specsel.run.preflight import run_preflight
 from pytest_specsel.run.servers import ServerPool
@@ -61,9 +62,6 @@ __all__ = ["BaselineUnavailable", "Selection"]
 
 #: why deployed endpoints' rounds interleave
 ENDPOINTS_PAIRING = "deployed endpoints: both servers are up at once"
-
-#: extends the manifest: called with the manifest, returns what goes under "extensions"
-Extensions = Callable[[Mapping[str, Any]], Mapping[str, Any]]
 
 
 class Selection:
@@ -105,6 +103,14 @@ class Selection:
         self._runs: dict[str, CandidateRun] = {}
         self._interrupted = False
         self._started = time.time()
+        #: where this process measures: "local", or a pytest-xdist worker ("gw0", ...)
+        self.placement = "local"
+        #: every candidate result taken into this run, in order (what a worker hands back)
+        self.results: list[CandidateResult] = []
+        #: the A/A pairs across slots (``core/slotaa.py``; empty: not a fanned-out run)
+        self.slot_aa: list[dict[str, Any]] = []
+        #: a fanned-out run's workers and how xdist ran them (None: one process)
+        self.fanout: dict[str, Any] | None = None
 
     # -- what the session reads ---------------------------------------------------------
     @property
@@ -130,6 +136,15 @@ class Selection:
         return handle.log_tail() if handle is not None else ""
 
     @property
+    def pool(self) -> ServerPool:
+        """The servers this run has up (a fanned-out worker's A/A reads its baseline's)."""
+        return self._servers
+
+    def measuring(self) -> tuple[BackendBundle, Callable[[str], None], set[str]]:
+        """The backend, the progress line and the scenario keys planned (for the A/A across slots)."""
+        return self._bundle, self._say, {k for keys in self._plan.values() for k in keys}
+
+    @property
     def context(self) -> MeasureContext:
         """What every candidate's run reads (picklable; complete after :meth:`preflight`)."""
         return self._context
@@ -138,20 +153,27 @@ class Selection:
         self._interrupted = True
 
     # -- preflight ---------------------------------------------------------------------
-    def preflight(self) -> None:
+    def preflight(self) -> Preflight:
         """Probe the backend, load workloads, admit each candidate. Starts nothing."""
         t0 = time.monotonic()
         found = run_preflight(self.study, self._bundle, self._real, self._hint)
-        self._capability = found.capability
-        self._found = found
-        self._servers.slot = found.slots[0] if found.slots else None
         for line in device_lines(found, every=self._plan_only):
             self._say(line)
+        self.take_preflight(found)
+        self._timings["preflight_s"] = time.monotonic() - t0
+        return found
+
+    def take_preflight(self, found: Preflight, slot: int = 0, placement: str = "local") -> None:
+        """A preflight's findings as this run's (a worker takes its controller's), and the
+        slot its servers go on."""
+        self._capability = found.capability
+        self._found = found
+        self._servers.slot = found.slots[slot] if found.slots else None
+        self.placement = self._servers.worker = placement
         self._context = dataclasses.replace(
             self._context, workloads=dict(found.workloads), warmup=found.warmup
         )
         self._states.update(found.states)
-        self._timings["preflight_s"] = time.monotonic() - t0
 
     def launch_plan(self, name: str) -> list[tuple[Role, LaunchSpec]]:
         """The servers a runnable candidate would start (see :func:`placing.launch_plan`)."""
@@ -190,7 +212,7 @@ class Selection:
         if self._bundle.remote:  # deployed endpoints: both up, rounds interleave (ABBA)
             state.pairing_reason = ENDPOINTS_PAIRING
             return dataclasses.replace(work, pairing=Pairing.INTERLEAVED, baseline=self._baseline_plan(state))
-        g0 = self._states[baseline_name(self.study)]
+        g0 = self._states[self.study.baseline.name]
         plan = self._memory_plan(state.track)
         pairing, state.pairing_reason, sleeping = co_residence(
             g0.assets.estimated_memory_gb if g0.assets else None,
@@ -209,12 +231,12 @@ class Selection:
     def _memory_plan(self, track: str) -> MemoryPlan:
         """The track's split of one device, computed once (see :func:`device_split`)."""
         if track not in self._memory:
-            g0 = self._states[baseline_name(self.study)]
+            g0 = self._states[self.study.baseline.name]
             self._memory[track] = device_split(self._capability, self.study, g0, self._states.values(), track)
         return self._memory[track]
 
     def _baseline_plan(self, state: CandidateState) -> BaselinePlan:
-        g0 = self._states[baseline_name(self.study)]
+        g0 = self._states[self.study.baseline.name]
         own = state.track == self.study.target_model
         target, unavailable = baseline_source(self._states.values(), g0, state.track, own)
         return BaselinePlan(
@@ -229,6 +251,7 @@ class Selection:
 
     def _merge(self, result: CandidateResult) -> None:
         """A candidate's result into this run's state (the only place the state changes)."""
+        self.results.append(result)
         state = self._states[result.name]
         state.scenarios.update(result.scenarios)
         if result.launch_s is not None:
@@ -263,6 +286,7 @@ class Selection:
 
     def adopt(self, result: CandidateResult) -> None:
         """A candidate's result measured elsewhere (another process), taken into this run."""
+        self._prepare(result.name)
         self._merge(result)
         state = self._states[result.name]
         state.run_status, state.failure = settled_status(state)
@@ -275,10 +299,8 @@ class Selection:
         :raises BaselineUnavailable: when no baseline it needs could be measured.
         :raises LaunchError: when the server does not come up (the candidate is ``failed``).
         """
-        work = self.work(name)
+        work = self._prepare(name)
         state = self._states[name]
-        state.pairing, state.sleeping = work.pairing, work.sleeping
-        state.planned_kv_tokens = work.memory.kv_tokens if work.memory else None
         run = self._runs[name] = CandidateRun(work, self._context, self._bundle, self._servers, self._say)
         try:
             run.open()
@@ -288,6 +310,14 @@ class Selection:
             raise
         finally:
             self._settle_owner(state)
+
+    def _prepare(self, name: str) -> CandidateWork:
+        """A candidate's work, with how it pairs noted in its state."""
+        work = self.work(name, self.placement)
+        state = self._states[name]
+        state.pairing, state.sleeping = work.pairing, work.sleeping
+        state.planned_kv_tokens = work.memory.kv_tokens if work.memory else None
+        return work
 
     def _settle_owner(self, state: CandidateState) -> None:
         """A baseline server started for a candidate and stopped again settles G0's status."""
@@ -301,7 +331,9 @@ class Selection:
         state = self._states[name]
         run = self._runs.pop(name, None)
         if run is not None:
-            self._merge(run.close(keep_baseline=baseline_needed(self._states, self._plan, state.track, name)))
+            # a worker keeps its slot's baseline server up to its end (the A/A across slots)
+            keep = self.placement != "local" or baseline_needed(self._states, self._plan, state.track, name)
+            self._merge(run.close(keep_baseline=keep))
         self._settle_owner(state)
         state.run_status, state.failure = settled_status(state)
 
@@ -340,7 +372,7 @@ class Selection:
     def views(self, name: str) -> list[ScenarioView]:
         return [self.view(name, s) for s in self.scenarios]
 
-    def finish(self, extensions: Extensions | None = None) -> dict[str, Path]:
+    def finish(self, extensions: documents.Extensions | None = None) -> dict[str, Path]:
         """Write every group summary, the manifest and the handoff. Safe to call on failure."""
         self._timings.update(self._servers.timings)
         self._timings["wall_s"] = time.time() - self._started
@@ -354,29 +386,12 @@ class Selection:
             "slots": [s.as_json() for s in self._found.slots] if self._found else [],
             "inventory": self._found.inventory.as_json() if self._found and self._found.inventory else None,
             "timings_s": dict(self._timings),
+            "fanout": dict(self.fanout) if self.fanout is not None else None,
         }
         baselines = {
             t: [view_of(r, self.paths.root) for r in rs.values()] for t, rs in self._baselines.items()
         }
         states = [(self._states[n], self.views(n)) for n in self.names()]
-        summaries, manifest, handoff = documents.run_documents(header, self.study, run, states, baselines)
-        for name, summary in summaries.items():
-            artifacts.write_json(self.paths.summary(name), summary)
-        manifest["extensions"] = dict(extensions(manifest)) if extensions is not None else {}
-        artifacts.write_json(self.paths.manifest, manifest)
-        artifacts.write_json(self.paths.handoff, handoff)
-        return {"manifest": self.paths.manifest, "handoff": self.paths.handoff}
-
-
-def baseline_name(study: Study) -> str:
-    return study.baseline.name
-
-
-def track_server(study: Study, track: str) -> str:
-    """The name of a track's baseline server: G0's, or ``<G0>@<track>`` for a second track."""
-    g0 = baseline_name(study)
-    return g0 if track == study.target_model else f"{g0}@{_slug(track)}"
-
-
-def _slug(text: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in text)[-60:]
+        return documents.write_run(
+            self.paths, header, self.study, run, states, baselines, self.slot_aa, extensions
+        )

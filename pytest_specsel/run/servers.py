@@ -20,6 +20,7 @@ from pytest_specsel.core.records import Role
 from pytest_specsel.core.records import SpeculativeConfig
 from pytest_specsel.core.slots import Slot
 from pytest_specsel.core.study import Study
+from pytest_specsel.files.artifacts import RunPaths
 
 __all__ = ["ServerPool", "split_cores"]
 
@@ -56,6 +57,20 @@ class ServerPool:
         #: per server started here: {"slot", "worker", "devices", "read"}: its slot and the
         #: devices it holds as read back once it was up (``ServerHandle.held_devices``)
         self.held: dict[str, dict[str, Any]] = {}
+        #: the pytest-xdist worker this pool's process is ("local": none)
+        self.worker = "local"
+        #: told the process groups of the servers up after each start and stop (a fanned-out
+        #: worker writes them down, so its controller can stop them if the worker dies)
+        self.on_change: Callable[[list[int]], None] | None = None
+
+    def log_path(self, paths: RunPaths, name: str) -> Path:
+        """Where a server's log goes: ``logs/<name>.log``, a worker's ``logs/<name>.<worker>.log``
+        (every worker may start its own baseline server of the same name)."""
+        return paths.log(name if self.worker == "local" else f"{name}.{self.worker}")
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change(sorted(p for h in self._up.values() for p in h.pids()))
 
     def start(self, spec: LaunchSpec) -> tuple[ServerHandle, float]:
         """Start a server (its spec from :meth:`spec_for`) and wait until it is ready;
@@ -76,9 +91,11 @@ class ServerPool:
         ready = "endpoint answered" if remote else "server ready"
         self._say(f"[specsel] {name}: {ready} in {elapsed:.0f}s at {handle.base_url}")
         self._up[name] = handle
+        self._changed()
         devices, how = handle.held_devices()
         slot = self.slot.slot if self.slot is not None else None
-        self.held[name] = {"slot": slot, "worker": None, "devices": devices, "read": how}
+        worker = None if self.worker == "local" else self.worker
+        self.held[name] = {"slot": slot, "worker": worker, "devices": devices, "read": how}
         return handle, elapsed
 
     def spec_for(
@@ -131,6 +148,7 @@ class ServerPool:
             return
         t0 = time.monotonic()
         handle.stop()
+        self._changed()
         released = self._bundle.prober.wait_released(120.0, handle.stopped_pids, handle.footprint)
         self.timings[f"{name}.server_stop_s"] = time.monotonic() - t0
         if self._bundle.remote:

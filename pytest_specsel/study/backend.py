@@ -68,7 +68,17 @@ def _backend(b: Mapping[str, Any], loc: _Locator) -> Backend:
         tensor_parallel_size=count("tensor_parallel_size"),
         pipeline_parallel_size=count("pipeline_parallel_size"),
         data_parallel_size=count("data_parallel_size"),
+        cpu_slot_cores=_slot_cores(b, loc),
     )
+
+
+def _slot_cores(b: Mapping[str, Any], loc: _Locator) -> int:
+    value: int = typed(b["cpu_slot_cores"], int, "backend.cpu_slot_cores", loc)
+    if value < 0:
+        raise loc.error(
+            "backend.cpu_slot_cores", f"{value!r} must be >= 1 (cores a slot), or 0 for a NUMA node a slot"
+        )
+    return value
 
 
 def _check_draft_parallel(candidate: Candidate, backend: Backend, loc: _Locator) -> None:
