@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Mapping
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_specsel.core.disturbance import HostLoad
+from pytest_specsel.backends.fake_readers import FakeHost
+from pytest_specsel.backends.fake_readers import FakeMemory
+from pytest_specsel.backends.fake_readers import FakeScraper
 from pytest_specsel.core.families import BASELINE_FAMILY
 from pytest_specsel.core.families import family_contract
-from pytest_specsel.core.measurement import MemoryReading
 from pytest_specsel.core.measurement import RequestRecord
-from pytest_specsel.core.measurement import ServerCounters
 from pytest_specsel.core.measurement import SpecCounters
 from pytest_specsel.core.measurement import TokenLogprob
 from pytest_specsel.core.protocol import AssetFacts
@@ -61,6 +62,8 @@ class FakeScript:
     #: on this (1-based) client run of the group, deliver half the requests, then raise
     #: KeyboardInterrupt (a Ctrl-C)
     interrupt_at_run: int | None = None
+    #: on this (1-based) client run of the group, the process dies at once (a worker killed)
+    exit_at_run: int | None = None
     #: per client run (cycled): a factor on that round's duration and latencies (noise)
     round_factors: Sequence[float] = ()
     #: prefix-cache tokens hit per client run (a server that serves prompts from its cache)
@@ -80,7 +83,8 @@ class _Handle:
     def __init__(self, world: _World, group: str, log_path: Path, speculative: bool) -> None:
         self.world = world
         self.group = group
-        self.base_url = f"fake://{group}"
+        # a pytest-xdist worker's servers are its own: another worker measures them by this URL
+        self.base_url = f"fake://{os.environ.get('PYTEST_XDIST_WORKER', 'local')}/{group}"
         self.log_path = log_path
         #: a server launched with a speculative config exports counters (unless scripted not to)
         self.speculative = speculative
@@ -150,6 +154,21 @@ class _World:
         #: the most servers awake at once while one measured
         self.max_awake = 0
         self.runs: dict[str, int] = {}
+        #: another worker's servers this world was asked to measure, by URL
+        self.peers: dict[str, _Handle] = {}
+
+    def handle(self, base_url: str) -> _Handle:
+        """The server at a URL: one of this world's, or another worker's (a fresh target-only
+        copy of it here: the fake's servers live in the process that started them)."""
+        group = base_url.rsplit("/", 1)[-1]
+        own = self.handles.get(group)
+        if own is not None and own.base_url == base_url:
+            return own
+        if base_url not in self.peers:
+            peer = _Handle(self, group, Path("peer.log"), False)
+            peer.base_url = base_url
+            self.peers[base_url] = peer
+        return self.peers[base_url]
 
     def script(self, group: str) -> FakeScript:
         return self.scripts.get(group.split("@")[0], FakeScript())
@@ -228,8 +247,8 @@ class _Client:
 
     def run(self, spec: ReplaySpec, hooks: ReplayHooks | None = None) -> ClientRun:
         hooks = hooks or ReplayHooks()
-        group = spec.base_url.removeprefix("fake://")
-        handle = self.world.handles[group]
+        handle = self.world.handle(spec.base_url)
+        group = handle.group
         if group in self.world.asleep:
             raise RuntimeError(f"fake: {group} was asked to serve while asleep")
         self.world.max_awake = max(self.world.max_awake, len(set(self.world.alive) - self.world.asleep))
@@ -244,6 +263,8 @@ class _Client:
         run = self.world.runs[group] = self.world.runs.get(group, 0) + 1
         factor = script.round_factors[(run - 1) % len(script.round_factors)] if script.round_factors else 1.0
         records = self._records(spec, script, factor)
+        if script.exit_at_run == run:
+            os._exit(17)
         if script.interrupt_at_run == run:
             if hooks.sink is not None:
                 hooks.sink.extend(records[: len(records) // 2])
@@ -306,31 +327,6 @@ def _logprobs(text: str, tie_gap: float | None) -> tuple[TokenLogprob, ...]:
     return tuple(out)
 
 
-class _Scraper:
-    def __init__(self, world: _World) -> None:
-        self.world = world
-
-    def scrape(self, base_url: str) -> ServerCounters:
-        handle = self.world.handles[base_url.removeprefix("fake://")]
-        spec: SpecCounters | None = handle.counters
-        if not handle.speculative or self.world.script(handle.group).acceptance is None:
-            spec = None
-        counts = (handle.cache_hits, handle.queue_time_s, handle.queued_count, handle.engine_steps)
-        return ServerCounters(spec, 1000.0 + handle.cache_hits, *counts)
-
-
-class _Memory:
-    def __init__(self, world: _World) -> None:
-        self.world = world
-        self.group = ""
-
-    def start(self, handle: ServerHandle) -> None:
-        self.group = handle.base_url.removeprefix("fake://")
-
-    def stop(self) -> MemoryReading:
-        return MemoryReading(self.world.script(self.group).peak_mb, "fake", 3)
-
-
 def fake_bundle(
     scripts: Mapping[str, FakeScript] | None = None,
     *,
@@ -356,21 +352,21 @@ def fake_bundle(
         {"python": "3.11", "fake": True},
         capability_error,
     )
-    world = _World(scripts or {}, capability, assets or {})
+    world = _World(scripts or {}, capability, assets or {})  # readers in fake_readers.py
     world.sleep_mode = sleep_mode
 
     def memory() -> MemorySampler:
-        return _Memory(world)
+        return FakeMemory(world)
 
     def host() -> HostSampler:
-        return _Host(world)
+        return FakeHost(world)
 
     bundle = BackendBundle(
         "fake",
         _Prober(world),
         _Launcher(world),
         _Client(world),
-        _Scraper(world),
+        FakeScraper(world),
         memory,
         _launch_config,
         "fake_counters",
@@ -379,20 +375,3 @@ def fake_bundle(
         (lambda: inventory) if inventory is not None else None,
     )
     return bundle, world
-
-
-class _Host:
-    """The host as scripted: disturbed on the group's ``disturbed_runs``, quiet otherwise."""
-
-    def __init__(self, world: _World) -> None:
-        self.world = world
-        self.run = 0
-        self.group = ""
-
-    def start(self, handle: ServerHandle) -> None:
-        self.group = handle.base_url.removeprefix("fake://")
-        self.run = self.world.runs.get(self.group, 0) + 1
-
-    def stop(self) -> HostLoad:
-        busy = self.run in self.world.script(self.group).disturbed_runs
-        return HostLoad(1.0, 2, 0.0, 0.4, 0.5 if busy else 0.01)

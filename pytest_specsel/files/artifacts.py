@@ -30,6 +30,7 @@ __all__ = [
     "claim_label",
     "default_label",
     "label_problem",
+    "remove_if_empty",
     "write_atomic",
     "write_json",
 ]
@@ -92,6 +93,15 @@ def claim_label(results_dir: Path, label: str, where: str) -> RunPaths:
             f"{where}); results are never overwritten: choose another label with --specsel-label"
         ) from None
     return paths
+
+
+def remove_if_empty(root: Path) -> None:
+    """Give a claimed label back when nothing was written under it (a usage error after
+    the claim); a folder holding anything stays."""
+    try:
+        root.rmdir()
+    except OSError:
+        pass
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -9,6 +9,10 @@ from typing import Any
 import pytest
 
 from pytest_specsel.glue import hookspecs
+from pytest_specsel.glue.fanout import FanoutController
+from pytest_specsel.glue.fanout import FanoutWorker
+from pytest_specsel.glue.fanout import is_controller
+from pytest_specsel.glue.fanout import set_up_xdist
 from pytest_specsel.glue.options import OPT_GPU
 from pytest_specsel.glue.options import add_options
 from pytest_specsel.glue.options import resolve_settings
@@ -41,6 +45,13 @@ def pytest_configure(config: pytest.Config) -> None:
     session = SpecselSession(config, resolve_settings(config))
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(session, "specsel-session")
+    if is_controller(config):  # pytest-xdist: the controller does the once-only work
+        set_up_xdist(config)
+        session.fanout = FanoutController(session)
+        config.pluginmanager.register(session.fanout, "specsel-fanout")
+    elif hasattr(config, "workerinput"):
+        session.fanout_worker = FanoutWorker(session, config.workerinput)
+        config.pluginmanager.register(session.fanout_worker, "specsel-fanout-worker")
     if config.pluginmanager.hasplugin("pytest_jsonreport"):
         from pytest_specsel.glue.reporting import JsonReportHooks
 

@@ -8,6 +8,7 @@ and fixtures that hold no state.
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from collections.abc import Callable
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +26,8 @@ from pytest_specsel.core.study import Study
 from pytest_specsel.core.study import with_aa_calibration
 from pytest_specsel.core.workloads import WorkloadError
 from pytest_specsel.files import artifacts
+from pytest_specsel.glue.fanout import FanoutController
+from pytest_specsel.glue.fanout import FanoutWorker
 from pytest_specsel.glue.options import OPT_CPU
 from pytest_specsel.glue.options import OPT_GPU
 from pytest_specsel.glue.options import OPT_PLAN
@@ -40,6 +43,7 @@ from pytest_specsel.glue.plan import plan_lines
 from pytest_specsel.glue.plan import planning_bundle
 from pytest_specsel.glue.reporting import OUTCOME_KEY
 from pytest_specsel.glue.reporting import write_summary
+from pytest_specsel.run.fanout import worker_index
 from pytest_specsel.run.runner import BaselineUnavailable
 from pytest_specsel.run.runner import Selection
 from pytest_specsel.study.file import StudyError
@@ -87,6 +91,9 @@ class SpecselSession:
         self.report_error: str | None = None
         #: candidate -> scenarios selected in this session, in collection order
         self.wanted: dict[str, list[Scenario]] = {}
+        #: a run fanned out over pytest-xdist: its controller's side, or its worker's
+        self.fanout: FanoutController | None = None
+        self.fanout_worker: FanoutWorker | None = None
 
     # -- study and parametrization -----------------------------------------------------
     @property
@@ -123,9 +130,7 @@ class SpecselSession:
 
         items.sort(key=rank)
 
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
-        if hasattr(session.config, "workerinput"):
-            return
+    def _say(self, session: pytest.Session) -> Callable[[str], None]:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         capture = session.config.pluginmanager.get_plugin("capturemanager")
 
@@ -139,7 +144,18 @@ class SpecselSession:
             with capture.global_and_fixture_disabled():
                 reporter.write_line(message)
 
-        self.start(session.items, say)
+        return say
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if self.fanout_worker is not None:
+            self.fanout_worker.start(session)
+            for item in session.items:
+                case = case_of(item)
+                if case is not None and self.selection is not None:
+                    self.want(*case)
+            return
+        if self.fanout is None:
+            self.start(session.items, self._say(session))
 
     def start(self, items: Sequence[pytest.Item], say: Callable[[str], None]) -> None:
         """After collection: claim the label, probe, admit. Nothing starts without items."""
@@ -151,6 +167,36 @@ class SpecselSession:
                 self.wanted.setdefault(case[0], []).append(case[1])
         if not self.wanted:
             return
+        self._open(say)
+        assert self.selection is not None
+        for name, scenarios in self.wanted.items():
+            self.selection.plan(name, scenarios)
+
+    def want(self, name: str, scenario: Scenario) -> None:
+        """One more candidate x scenario selected (a fanned-out run learns them one by one)."""
+        self.wanted.setdefault(name, []).append(scenario)
+        if self.selection is not None:
+            self.selection.plan(name, self.wanted[name])
+
+    def open_run(self, session: pytest.Session) -> None:
+        """A fanned-out run's controller, at session start: what must happen once (the label,
+        the probe, admission, the plan), before any worker starts. A study that does not load
+        is left to the workers' collection to report."""
+        try:
+            _ = self.study
+        except StudyError:
+            return
+        self._open(self._say(session))
+
+    def _bundle(self) -> Any:
+        try:
+            return self.config.hook.pytest_specsel_make_backend(
+                config=self.config, device=self.settings.mode.device
+            )
+        except EndpointError as exc:
+            raise pytest.UsageError(str(exc)) from None
+
+    def _open(self, say: Callable[[str], None]) -> None:
         study = self.study
         label = self.settings.label or study.run_label or artifacts.default_label()
         where = self.settings.label_source if self.settings.label else f"{study.source} run_label"
@@ -158,27 +204,13 @@ class SpecselSession:
             paths = artifacts.claim_label(self.settings.results or study.results_dir, label, where)
         except artifacts.LabelError as exc:
             raise pytest.UsageError(str(exc)) from None
-        try:
-            bundle = self.config.hook.pytest_specsel_make_backend(
-                config=self.config, device=self.settings.mode.device
-            )
-        except EndpointError as exc:
-            raise pytest.UsageError(str(exc)) from None
+        bundle = self._bundle()
         plan = self.settings.plan
         try:
             inventory = load_inventory(self.settings.inventory) if self.settings.inventory else None
         except InventoryError as exc:
             raise pytest.UsageError(str(exc)) from None
-        self.selection = Selection(
-            study,
-            planning_bundle(bundle, inventory) if plan else bundle,
-            paths,
-            real=plan or self.settings.mode is not Mode.DRY,
-            device=self.settings.mode.device,
-            dry_run_hint=PLAN_HINT if plan else DRY_RUN_HINT,
-            say=say,
-            plan_only=plan,
-        )
+        self.selection = self._selection(planning_bundle(bundle, inventory) if plan else bundle, paths, say)
         say(f"[specsel] run label {label!r}: results in {paths.root}")
         try:
             self.selection.preflight()
@@ -188,12 +220,44 @@ class SpecselSession:
             for line in plan_lines(self.selection):
                 say(line)
             self.selection.end_plan()
-        for name, scenarios in self.wanted.items():
-            self.selection.plan(name, scenarios)
+
+    def _selection(self, bundle: Any, paths: artifacts.RunPaths, say: Callable[[str], None]) -> Selection:
+        plan = self.settings.plan
+        return Selection(
+            self.study,
+            bundle,
+            paths,
+            real=plan or self.settings.mode is not Mode.DRY,
+            device=self.settings.mode.device,
+            dry_run_hint=PLAN_HINT if plan else DRY_RUN_HINT,
+            say=say,
+            plan_only=plan,
+        )
+
+    def open_worker_run(
+        self, session: pytest.Session, paths: artifacts.RunPaths, plan: dict[str, Any], worker: str
+    ) -> None:
+        """A worker's selection: its controller's label and admitted plan, on its own slot."""
+        if self.study_error is not None:
+            return
+        self.selection = self._selection(self._bundle(), paths, self._say(session))
+        self.selection.take_preflight(plan["found"], slot=worker_index(worker), placement=worker)
+        if plan["plan_only"]:
+            self.selection.end_plan()
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        if hasattr(session.config, "workerinput") or self.selection is None:
+        if self.fanout_worker is not None:
+            self.fanout_worker.finish(session.config)
             return
+        if self.selection is None:
+            return
+        if self.fanout is not None:
+            if not self.wanted:  # no candidate test was collected: the claimed label goes back
+                shutil.rmtree(self.selection.paths.root / "slots", ignore_errors=True)
+                artifacts.remove_if_empty(self.selection.paths.root)
+                self.selection = None
+                return
+            self.fanout.merge()
         self.selection.stop_all()
         if exitstatus == pytest.ExitCode.INTERRUPTED:
             self.selection.mark_interrupted()
@@ -254,6 +318,8 @@ class SpecselSession:
     def close_group(self, server: GroupServer) -> None:
         if self.selection is not None and server.outcome is None:
             self.selection.close(server.group)
+        if self.fanout_worker is not None:
+            self.fanout_worker.closed()
 
     # -- cases -----------------------------------------------------------------------
     def run_case(self, server: GroupServer, scenario: Scenario) -> Outcome:

@@ -343,9 +343,10 @@ class CandidateRun:
             baseline_launch_s=theirs[0] if theirs else None,
             baseline_log_path=theirs[1] if theirs else None,
             baseline_command=theirs[2] if theirs else None,
-            baseline_kv_tokens=theirs[3] if theirs else None,
+            baseline_kv_tokens=theirs[3] if theirs else (self._kv(base) if base else None),
             held=own[4] if own else None,
-            baseline_held=theirs[4] if theirs else None,
+            # the baseline server it paired with, also where another run of this pool started it
+            baseline_held=theirs[4] if theirs else (self._servers.held.get(base) if base else None),
             timings={**self._meter.timings, **self._servers.timings_of(self.name, base)},
             interrupted=self._meter.interrupted,
         )

@@ -79,14 +79,12 @@ class Selection:
         say: Callable[[str], None] = lambda _: None,
         plan_only: bool = False,
     ) -> None:
-        self.study = study
-        self.paths = paths
-        self._bundle = bundle
+        self.study, self.paths, self._bundle = study, paths, bundle
         self._real, self._device, self._hint, self._say = real, device, dry_run_hint, say
         self._timings: dict[str, float] = {}
         self._capability: Any = None
         self._found: Preflight | None = None
-        self._plan_only = plan_only
+        self._plan_only, self._interrupted, self._started = plan_only, False, time.time()
         self._memory: dict[str, MemoryPlan] = {}
         #: the KV capacity in tokens each track's baseline server reported
         self._baseline_kv: dict[str, int] = {}
@@ -101,8 +99,6 @@ class Selection:
         self._baselines: dict[str, dict[str, ScenarioResult]] = {}
         #: the candidate runs now open, by name
         self._runs: dict[str, CandidateRun] = {}
-        self._interrupted = False
-        self._started = time.time()
         #: where this process measures: "local", or a pytest-xdist worker ("gw0", ...)
         self.placement = "local"
         #: every candidate result taken into this run, in order (what a worker hands back)
@@ -132,13 +128,17 @@ class Selection:
         return not_run_view(state, scenario, Role.BASELINE if state.candidate.is_baseline else Role.CANDIDATE)
 
     def log_tail(self, name: str) -> str:
-        handle = self._servers.get(name)
-        return handle.log_tail() if handle is not None else ""
+        return handle.log_tail() if (handle := self._servers.get(name)) is not None else ""
 
     @property
     def pool(self) -> ServerPool:
         """The servers this run has up (a fanned-out worker's A/A reads its baseline's)."""
         return self._servers
+
+    @property
+    def found(self) -> Preflight | None:
+        """The preflight's findings (None before it)."""
+        return self._found
 
     def measuring(self) -> tuple[BackendBundle, Callable[[str], None], set[str]]:
         """The backend, the progress line and the scenario keys planned (for the A/A across slots)."""
@@ -277,6 +277,8 @@ class Selection:
         owner = self._states.get(self._track_server(track))  # G0's state; a second track's has none
         if owner is None or owner is state:
             return
+        if owner.held is not None and result.placement != (owner.held.get("worker") or "local"):
+            return  # another worker's baseline server: G0's own rows stay those of its own slot
         owner.scenarios.update(result.baselines)
         if result.baseline_launch_s is not None:
             owner.launch_s, owner.log_path = result.baseline_launch_s, result.baseline_log_path
@@ -286,7 +288,8 @@ class Selection:
 
     def adopt(self, result: CandidateResult) -> None:
         """A candidate's result measured elsewhere (another process), taken into this run."""
-        self._prepare(result.name)
+        if self._states[result.name].run_status is RunStatus.RUNNABLE:
+            self._prepare(result.name)
         self._merge(result)
         state = self._states[result.name]
         state.run_status, state.failure = settled_status(state)
