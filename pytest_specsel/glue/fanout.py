@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 from typing import Any
 
 import pytest
@@ -32,9 +31,6 @@ from pytest_specsel.run.fanout import pack
 from pytest_specsel.run.fanout import stop_orphans
 from pytest_specsel.run.fanout import unpack
 from pytest_specsel.run.fanout import worker_index
-
-if TYPE_CHECKING:
-    from pytest_specsel.glue.session import SpecselSession
 
 __all__ = ["FanoutController", "FanoutWorker", "is_controller", "set_up_xdist"]
 
@@ -91,9 +87,10 @@ def _case_of(nodeid: str, ids: dict[str, tuple[str, Scenario]]) -> tuple[str, Sc
 
 
 class FanoutController:
-    """The controller's side: preflight once, the plan out, the results in."""
+    """The controller's side: preflight once, the plan out, the results in (``specsel``:
+    the session's ``SpecselSession``)."""
 
-    def __init__(self, specsel: SpecselSession) -> None:
+    def __init__(self, specsel: Any) -> None:
         self.specsel = specsel
         self.peers: list[str] = []
         self.workers: list[str] = []
@@ -233,7 +230,7 @@ class FanoutController:
 class FanoutWorker:
     """A worker's side: its slot, its rendezvous, its results handed back."""
 
-    def __init__(self, specsel: SpecselSession, workerinput: dict[str, Any]) -> None:
+    def __init__(self, specsel: Any, workerinput: dict[str, Any]) -> None:
         self.specsel = specsel
         self.worker = str(workerinput["workerid"])
         packed = workerinput.get(PLAN_KEY)

@@ -23,6 +23,7 @@ from pytest_specsel.core.records import RunStatus
 from pytest_specsel.core.slots import Inventory
 from pytest_specsel.core.study import Candidate
 from pytest_specsel.core.study import Study
+from pytest_specsel.run.placing import launch_plan
 from pytest_specsel.run.runner import Selection
 
 __all__ = ["InventoryError", "load_inventory", "plan_lines", "planning_bundle"]
@@ -124,7 +125,7 @@ def plan_lines(selection: Selection) -> list[str]:
         work = selection.work(name)
         if work.pairing is not None:
             lines.append(f"[specsel]   {work.pairing.value}: {state.pairing_reason}")
-        for role, spec in selection.launch_plan(name):
+        for role, spec in launch_plan(selection.work(name), selection.pool, selection.paths):
             argv = build_serve_argv(("vllm",), spec, PLANNED_PORT)
             line = ServeCommand(tuple(argv), launch_env(spec, {})).shell_line()
             lines.append(f"[specsel]   {role.value} {spec.name}: {line}")

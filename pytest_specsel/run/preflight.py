@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
 from pytest_specsel.core.admission import admit
 from pytest_specsel.core.gating import admission_facts
@@ -15,6 +16,7 @@ from pytest_specsel.core.protocol import Capability
 from pytest_specsel.core.records import Admission
 from pytest_specsel.core.records import Reason
 from pytest_specsel.core.records import RunStatus
+from pytest_specsel.core.records import to_json
 from pytest_specsel.core.results import CandidateState
 from pytest_specsel.core.slots import Inventory
 from pytest_specsel.core.slots import Slot
@@ -25,7 +27,7 @@ from pytest_specsel.core.workloads import Workload
 from pytest_specsel.core.workloads import WorkloadError
 from pytest_specsel.core.workloads import load_workload
 
-__all__ = ["Preflight", "admit_candidate", "run_preflight"]
+__all__ = ["Preflight", "admit_candidate", "machine_facts", "run_preflight"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -100,3 +102,14 @@ def run_preflight(study: Study, bundle: BackendBundle, real: bool, dry_hint: str
     inventory = bundle.inventory()
     slots, note = cut_slots(inventory, study.backend.shape)
     return Preflight(capability, workloads, warmup, states, tuple(slots), note, inventory)
+
+
+def machine_facts(found: Preflight | None) -> dict[str, Any]:
+    """The manifest's ``environment``, ``slots`` and ``inventory`` (empty before a preflight)."""
+    if found is None:
+        return {"environment": None, "slots": [], "inventory": None}
+    return {
+        "environment": to_json(found.capability),
+        "slots": [s.as_json() for s in found.slots],
+        "inventory": found.inventory.as_json() if found.inventory else None,
+    }

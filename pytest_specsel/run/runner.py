@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from collections.abc import Mapping
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,12 +22,10 @@ from pytest_specsel.core.gating import co_residence
 from pytest_specsel.core.placement import MemoryPlan
 from pytest_specsel.core.protocol import BackendBundle
 from pytest_specsel.core.protocol import LaunchError
-from pytest_specsel.core.protocol import LaunchSpec
 from pytest_specsel.core.records import Device
 from pytest_specsel.core.records import Pairing
 from pytest_specsel.core.records import Role
 from pytest_specsel.core.records import RunStatus
-from pytest_specsel.core.records import to_json
 from pytest_specsel.core.results import CandidateState
 from pytest_specsel.core.results import Scenario
 from pytest_specsel.core.results import ScenarioResult
@@ -51,12 +48,14 @@ from pytest_specsel.run.placing import baseline_needed
 from pytest_specsel.run.placing import baseline_source
 from pytest_specsel.run.placing import device_lines
 from pytest_specsel.run.placing import device_split
-from pytest_specsel.run.placing import launch_plan
 from pytest_specsel.run.placing import skip_runnable
 from pytest_specsel.run.placing import track_server
 from pytest_specsel.run.preflight import Preflight
+from pytest_specsel.run.preflight import machine_facts
 from pytest_specsel.run.preflight import run_preflight
 from pytest_specsel.run.servers import ServerPool
+from pytest_specsel.run.tracks import TrackBaselines
+from pytest_specsel.run.tracks import into_owner
 
 __all__ = ["BaselineUnavailable", "Selection"]
 
@@ -83,20 +82,17 @@ class Selection:
         self._real, self._device, self._hint, self._say = real, device, dry_run_hint, say
         self._timings: dict[str, float] = {}
         self._capability: Any = None
-        self._found: Preflight | None = None
+        #: the preflight's findings (None before it)
+        self.found: Preflight | None = None
         self._plan_only, self._interrupted, self._started = plan_only, False, time.time()
         self._memory: dict[str, MemoryPlan] = {}
-        #: the KV capacity in tokens each track's baseline server reported
-        self._baseline_kv: dict[str, int] = {}
-        #: the slot and devices each track's baseline server held
-        self._baseline_held: dict[str, Mapping[str, Any]] = {}
+        self._tracks = TrackBaselines()
         self._states: dict[str, CandidateState] = {}
         self._context = MeasureContext(study, paths.root.parent, paths.label, {}, None)
-        self._servers = ServerPool(bundle, study, device, say)
+        #: the servers this run has up (a fanned-out worker's A/A reads its baseline's)
+        self.pool = self._servers = ServerPool(bundle, study, device, say)
         #: per candidate: the scenario keys it will measure in this session
         self._plan: dict[str, list[str]] = {}
-        #: per track, per scenario key: the baseline's own result
-        self._baselines: dict[str, dict[str, ScenarioResult]] = {}
         #: the candidate runs now open, by name
         self._runs: dict[str, CandidateRun] = {}
         #: where this process measures: "local", or a pytest-xdist worker ("gw0", ...)
@@ -130,16 +126,6 @@ class Selection:
     def log_tail(self, name: str) -> str:
         return handle.log_tail() if (handle := self._servers.get(name)) is not None else ""
 
-    @property
-    def pool(self) -> ServerPool:
-        """The servers this run has up (a fanned-out worker's A/A reads its baseline's)."""
-        return self._servers
-
-    @property
-    def found(self) -> Preflight | None:
-        """The preflight's findings (None before it)."""
-        return self._found
-
     def measuring(self) -> tuple[BackendBundle, Callable[[str], None], set[str]]:
         """The backend, the progress line and the scenario keys planned (for the A/A across slots)."""
         return self._bundle, self._say, {k for keys in self._plan.values() for k in keys}
@@ -167,17 +153,13 @@ class Selection:
         """A preflight's findings as this run's (a worker takes its controller's), and the
         slot its servers go on."""
         self._capability = found.capability
-        self._found = found
+        self.found = found
         self._servers.slot = found.slots[slot] if found.slots else None
         self.placement = self._servers.worker = placement
         self._context = dataclasses.replace(
             self._context, workloads=dict(found.workloads), warmup=found.warmup
         )
         self._states.update(found.states)
-
-    def launch_plan(self, name: str) -> list[tuple[Role, LaunchSpec]]:
-        """The servers a runnable candidate would start (see :func:`placing.launch_plan`)."""
-        return launch_plan(self.work(name), self._servers, self.paths)
 
     def end_plan(self) -> None:
         """A plan-only run ends here: nothing starts, runnable candidates are skipped."""
@@ -245,8 +227,8 @@ class Selection:
             target_snapshot=track_snapshot(self._states.values(), state.track, None),
             candidate=g0.candidate if own else None,
             unavailable=unavailable,
-            have=dict(self._baselines.get(state.track, {})),
-            kv_tokens=self._baseline_kv.get(state.track),
+            have=dict(self._tracks.results.get(state.track, {})),
+            kv_tokens=self._tracks.kv.get(state.track),
         )
 
     def _merge(self, result: CandidateResult) -> None:
@@ -263,28 +245,10 @@ class Selection:
             state.run_status = RunStatus.FAILED
         self._interrupted = self._interrupted or result.interrupted
         self._timings.update(result.timings)
-        track = state.track
-        self._baselines.setdefault(track, {}).update(result.baselines)
-        own_kv = result.kv_tokens if state.candidate.is_baseline else result.baseline_kv_tokens
-        if own_kv is not None:
-            self._baseline_kv[track] = own_kv
-        own_held = result.held if state.candidate.is_baseline else result.baseline_held
-        if own_held is not None:
-            self._baseline_held[track] = own_held
-        if not state.candidate.is_baseline:
-            state.baseline_kv_tokens = self._baseline_kv.get(track)
-            state.baseline_held = self._baseline_held.get(track)
-        owner = self._states.get(self._track_server(track))  # G0's state; a second track's has none
-        if owner is None or owner is state:
-            return
-        if owner.held is not None and result.placement != (owner.held.get("worker") or "local"):
-            return  # another worker's baseline server: G0's own rows stay those of its own slot
-        owner.scenarios.update(result.baselines)
-        if result.baseline_launch_s is not None:
-            owner.launch_s, owner.log_path = result.baseline_launch_s, result.baseline_log_path
-            owner.command, owner.held = result.baseline_command, result.baseline_held
-        if result.baseline_failure is not None:
-            owner.run_status, owner.failure = RunStatus.FAILED, result.baseline_failure
+        self._tracks.absorb(state, result)
+        owner = self._states.get(self._track_server(state.track))  # G0's; a second track's has none
+        if owner is not None and owner is not state:
+            into_owner(owner, result)
 
     def adopt(self, result: CandidateResult) -> None:
         """A candidate's result measured elsewhere (another process), taken into this run."""
@@ -368,7 +332,7 @@ class Selection:
             raise
         state.scenarios[scenario.key] = result
         if state.candidate.is_baseline:
-            self._baselines.setdefault(state.track, {})[scenario.key] = result
+            self._tracks.keep(state.track, scenario.key, result)
         return result
 
     # -- files -------------------------------------------------------------------------
@@ -385,15 +349,11 @@ class Selection:
             "device": self._device.value,
             "backend": self._bundle.name,
             "config": self.study.as_config(),
-            "environment": to_json(self._capability) if self._capability else None,
-            "slots": [s.as_json() for s in self._found.slots] if self._found else [],
-            "inventory": self._found.inventory.as_json() if self._found and self._found.inventory else None,
+            **machine_facts(self.found),
             "timings_s": dict(self._timings),
             "fanout": dict(self.fanout) if self.fanout is not None else None,
         }
-        baselines = {
-            t: [view_of(r, self.paths.root) for r in rs.values()] for t, rs in self._baselines.items()
-        }
+        baselines = self._tracks.views(self.paths.root)
         states = [(self._states[n], self.views(n)) for n in self.names()]
         return documents.write_run(
             self.paths, header, self.study, run, states, baselines, self.slot_aa, extensions
