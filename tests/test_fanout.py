@@ -122,6 +122,11 @@ def test_two_workers_decide_as_the_serial_run_into_one_set_of_documents(project)
     assert _timeless(spread_h["candidates"]) == _timeless(serial_h["candidates"])
     assert _timeless(spread_h["recommendation"]) == _timeless(serial_h["recommendation"])
     manifest = _doc(p, "spread", "manifest")
+    assert _timeless(manifest["groups"]) == _timeless(_doc(p, "serial", "manifest")["groups"])
+    for name in ("g0_target_only", "g1_ngram-k3", "g1_ngram-k5"):
+        assert _timeless(_doc(p, "spread", f"groups/{name}")) == _timeless(
+            _doc(p, "serial", f"groups/{name}")
+        )
     assert manifest["complete"] is True and manifest["fanout"]["workers"] == ["gw0", "gw1"]
     assert manifest["fanout"]["max_worker_restart"] == 0
     workers = {g["candidate"]: {s["worker"] for s in g["placement"]} for g in manifest["groups"]}
@@ -223,3 +228,11 @@ class TestSlotAA:
         assert worker_index("gw12") == 12
         with pytest.raises(ValueError, match="not a pytest-xdist worker id"):
             worker_index("popen-1")
+
+
+def test_a_fanned_out_run_of_other_tests_claims_no_label(project):
+    p = project()
+    p.makepyfile(test_other="def test_plain():\n    assert 1 + 1 == 2\n")
+    result = p.runpytest_subprocess("test_other.py", "--specsel-label", "plain", "-n", "2")
+    result.assert_outcomes(passed=1)
+    assert not (p.path / "results" / "plain").exists()
