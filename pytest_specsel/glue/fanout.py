@@ -132,7 +132,7 @@ class FanoutController:
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
         """xdist's loadgroup scheduling with one group per candidate, the group read from the
         node id's parameters (xdist 3.8's own loadgroup renames node ids, which pytest 9.2's
-        structured ids no longer allow)."""
+        structured ids no longer allow: pytest-xdist issue #1386, fix open in #1388)."""
         from xdist.scheduler import LoadScopeScheduling
 
         ids = self._ids
