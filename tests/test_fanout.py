@@ -18,15 +18,9 @@ from pytest_specsel.core.slots import cut_slots
 from pytest_specsel.run.fanout import pack
 from pytest_specsel.run.fanout import unpack
 from pytest_specsel.run.fanout import worker_index
+from tests.test_plugin import CANDIDATE_TEST
 
 pytest.importorskip("xdist")
-
-CANDIDATE_TEST = """
-import pytest
-pytestmark = pytest.mark.specsel
-def test_candidate(specsel_case):
-    specsel_case.check()
-"""
 
 STUDY = """
 [specsel]

@@ -14,13 +14,7 @@ from pytest_specsel.files.compare import compare_documents
 from tests.browser import keep_screenshot
 from tests.browser import need_browser
 from tests.browser import open_page
-
-CANDIDATE_TEST = """
-import pytest
-pytestmark = pytest.mark.specsel
-def test_candidate(specsel_case):
-    specsel_case.check()
-"""
+from tests.test_plugin import CANDIDATE_TEST
 
 STUDY = """
 [specsel]

@@ -38,7 +38,7 @@ PLAN_KEY = "specsel_plan"
 RESULTS_KEY = "specsel_results"
 #: what a worker writes after each candidate, read if the worker dies before its end
 RESULTS_FILE = "results.b64"
-#: xdist's distribution modes that send a whole candidate to one worker once we set loadgroup
+#: xdist's distribution modes the plugin's own scheduler (one group per candidate) replaces
 _GROUPABLE = ("load", "loadgroup", "loadscope", "loadfile", "worksteal")
 
 
@@ -52,8 +52,9 @@ def is_controller(config: pytest.Config) -> bool:
 
 
 def set_up_xdist(config: pytest.Config) -> None:
-    """Before xdist's own ``pytest_configure``: one group per candidate (loadgroup), and no
-    worker restarted into a half-measured candidate.
+    """Before xdist's own ``pytest_configure``: a distribution mode the plugin's scheduler
+    (one group per candidate) may replace, and no worker restarted into a half-measured
+    candidate.
 
     :raises pytest.UsageError: for a distribution mode or restart count that would split
         or repeat a candidate.
@@ -62,9 +63,8 @@ def set_up_xdist(config: pytest.Config) -> None:
     if dist not in _GROUPABLE:
         raise pytest.UsageError(
             f"specsel: --dist {dist} would run candidates more than once or split them; leave --dist "
-            "out (the plugin sends each candidate whole to one worker: --dist loadgroup)"
+            "out (the plugin sends each candidate whole to one worker)"
         )
-    config.option.dist = "loadgroup"
     restarts = config.getoption("maxworkerrestart", None)
     if restarts is not None and str(restarts) != "0":
         raise pytest.UsageError(
@@ -80,10 +80,9 @@ def _case_ids(names: Sequence[str], scenarios: Sequence[Scenario]) -> dict[str, 
 
 
 def _case_of(nodeid: str, ids: dict[str, tuple[str, Scenario]]) -> tuple[str, Scenario] | None:
-    """The candidate and scenario of a node id (xdist's loadgroup adds ``@<group>``)."""
-    base = nodeid.rsplit("@", 1)[0] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
-    start = base.rfind("[")
-    return ids.get(base[start:]) if start >= 0 else None
+    """The candidate and scenario of a node id."""
+    start = nodeid.rfind("[")
+    return ids.get(nodeid[start:]) if start >= 0 else None
 
 
 class FanoutController:
@@ -220,7 +219,7 @@ class FanoutController:
         sel.fanout = {
             "workers": self.workers,
             "same_host": self.peers,
-            "dist": "loadgroup",
+            "dist": "candidate_groups",
             "max_worker_restart": 0,
             "owner": dict(sorted(self.owner.items())),
             "down": dict(self.down),
@@ -269,7 +268,7 @@ class FanoutWorker:
             own = own_baseline(sel)
             meet.ready(own)
             peers = meet.wait_ready()
-            holders = sorted([w for w, p in peers.items() if p is not None] + ([self.worker] if own else []))
+            holders = [w for w, p in peers.items() if p is not None] + ([self.worker] if own else [])
             measurer = min(holders, key=worker_index) if len(holders) > 1 else None
             if measurer == self.worker:
                 meet.done(measure_slot_aa(sel, peers))

@@ -297,15 +297,11 @@ def across_slots(
         peer = peers[peer_worker]
         slots = (own[1].get("slot") if own else None, peer.held.get("slot") if peer else None)
         key = scenario.key if scenario is not None else ""
-        why = (
-            ""
-            if own is not None and peer is not None and scenario is not None
-            else (
+        if own is None or peer is None or scenario is None:
+            why = (
                 f"no baseline server up on {worker if own is None else peer_worker} at its end "
                 "(sequential pairing stops it), or no scenario measured"
             )
-        )
-        if why or peer is None or own is None or scenario is None:
             entries.append(slot_aa_entry(slots, (worker, peer_worker), key, None, 0, margin, None, why))
             continue
         name = f"{SLOT_AA}.{worker}-{peer_worker}"

@@ -95,8 +95,6 @@ class Selection:
         self._plan: dict[str, list[str]] = {}
         #: the candidate runs now open, by name
         self._runs: dict[str, CandidateRun] = {}
-        #: where this process measures: "local", or a pytest-xdist worker ("gw0", ...)
-        self.placement = "local"
         #: every candidate result taken into this run, in order (what a worker hands back)
         self.results: list[CandidateResult] = []
         #: the A/A pairs across slots (``core/slotaa.py``; empty: not a fanned-out run)
@@ -126,6 +124,11 @@ class Selection:
     def log_tail(self, name: str) -> str:
         return handle.log_tail() if (handle := self._servers.get(name)) is not None else ""
 
+    @property
+    def placement(self) -> str:
+        """Where this process measures: "local", or a pytest-xdist worker ("gw0", ...)."""
+        return self._servers.worker
+
     def measuring(self) -> tuple[BackendBundle, Callable[[str], None], set[str]]:
         """The backend, the progress line and the scenario keys planned (for the A/A across slots)."""
         return self._bundle, self._say, {k for keys in self._plan.values() for k in keys}
@@ -139,7 +142,7 @@ class Selection:
         self._interrupted = True
 
     # -- preflight ---------------------------------------------------------------------
-    def preflight(self) -> Preflight:
+    def preflight(self) -> None:
         """Probe the backend, load workloads, admit each candidate. Starts nothing."""
         t0 = time.monotonic()
         found = run_preflight(self.study, self._bundle, self._real, self._hint)
@@ -147,7 +150,6 @@ class Selection:
             self._say(line)
         self.take_preflight(found)
         self._timings["preflight_s"] = time.monotonic() - t0
-        return found
 
     def take_preflight(self, found: Preflight, slot: int = 0, placement: str = "local") -> None:
         """A preflight's findings as this run's (a worker takes its controller's), and the
@@ -155,7 +157,7 @@ class Selection:
         self._capability = found.capability
         self.found = found
         self._servers.slot = found.slots[slot] if found.slots else None
-        self.placement = self._servers.worker = placement
+        self._servers.worker = placement
         self._context = dataclasses.replace(
             self._context, workloads=dict(found.workloads), warmup=found.warmup
         )
